@@ -1,0 +1,219 @@
+"""The real CLI in a subprocess, with the Optuna and MLflow stores in tmp_path."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import optuna
+import pytest
+from conftest import cli_command, run_cli
+from mlflow.tracking import MlflowClient
+
+TrialState = optuna.trial.TrialState
+SMOKE = ("+experiment=bert_ffn", "debug=smoke")
+EXPECTED_PARAMS = {
+    "train.lr",
+    "train.weight_decay",
+    "train.grad_clip_norm",
+    "train.init",
+    "train.mixup_alpha",
+    "model.ffn_width",
+}
+
+
+def _study(tmp_path, name="bert_ffn-smoke") -> optuna.Study:
+    return optuna.load_study(study_name=name, storage=f"sqlite:///{tmp_path}/optuna.db")
+
+
+def _mlflow(tmp_path):
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    experiment = client.get_experiment_by_name("bert_ffn-smoke")
+    runs = client.search_runs([experiment.experiment_id], max_results=1000)
+    parents = [r for r in runs if r.data.tags.get("tuner.role") == "study"]
+    children = [r for r in runs if r.data.tags.get("tuner.role") == "trial"]
+    return client, parents, children
+
+
+def _assert_pareto_tags_match_the_study(tmp_path, children):
+    trials = _study(tmp_path).get_trials(states=(TrialState.COMPLETE,))
+    best = {
+        t.number
+        for t in optuna.study._multi_objective._get_pareto_front_trials_by_trials(
+            trials, [optuna.study.StudyDirection.MAXIMIZE, optuna.study.StudyDirection.MINIMIZE]
+        )
+    }
+    for run in children:
+        on_front = int(run.data.tags["optuna.trial_number"]) in best
+        assert run.data.tags["pareto"] == ("true" if on_front else "false")
+
+
+def test_smoke_study_end_to_end_and_resume(tmp_path):
+    result = run_cli(tmp_path, *SMOKE)
+    assert result.returncode == 0, result.stderr
+    assert "Trial 1/2" in result.stdout and "Trial 2/2" in result.stdout
+    assert "Pareto front of 'bert_ffn-smoke'" in result.stdout
+    # Library spam stays quiet.
+    assert "Loading weights" not in result.stdout + result.stderr
+    assert "Warning" not in result.stderr
+
+    study = _study(tmp_path)
+    complete = study.get_trials(states=(TrialState.COMPLETE,))
+    assert len(complete) == 2
+    assert all(len(t.values) == 2 for t in complete)
+    assert all(set(t.params) == EXPECTED_PARAMS for t in complete)
+    assert study.metric_names == ["val_accuracy", "latency_ms_p50"]
+
+    client, parents, children = _mlflow(tmp_path)
+    assert len(parents) == 1 and len(children) == 2
+    parent = parents[0]
+    assert parent.info.status == "FINISHED"
+    artifacts = {a.path for a in client.list_artifacts(parent.info.run_id, "pareto")}
+    assert artifacts == {"pareto/front.csv", "pareto/front.png"}
+    front_csv = client.download_artifacts(parent.info.run_id, "pareto/front.csv", str(tmp_path))
+    header = open(front_csv).readline().strip().split(",")
+    assert header[:6] == [
+        "trial",
+        "backend",
+        "val_accuracy",
+        "latency_ms_p50",
+        "latency_ms_p95",
+        "model_size_mb",
+    ]
+    assert parent.data.params["latency.seq_len"] == "32"
+    for run in children:
+        assert run.info.status == "FINISHED"
+        assert run.data.tags["mlflow.parentRunId"] == parent.info.run_id
+        assert run.data.tags["optuna.study"] == "bert_ffn-smoke"
+        assert run.data.tags["deploy.backend"] == "eager"
+        assert run.data.tags["pareto"] in ("true", "false")
+        assert EXPECTED_PARAMS <= set(run.data.params)
+        for metric in ("val_accuracy", "latency_ms_p50", "latency_ms_p95", "model_size_mb"):
+            assert metric in run.data.metrics
+        number = int(run.data.tags["optuna.trial_number"])
+        trial = next(t for t in complete if t.number == number)
+        assert run.data.metrics["val_accuracy"] == pytest.approx(trial.values[0])
+        assert run.data.metrics["latency_ms_p50"] == pytest.approx(trial.values[1])
+        assert run.data.params["model.ffn_width"] == str(trial.params["model.ffn_width"])
+        history = client.get_metric_history(run.info.run_id, "train_loss")
+        assert [m.step for m in history] == [1]  # one epoch under debug=smoke
+    _assert_pareto_tags_match_the_study(tmp_path, children)
+
+    # The same command again resumes the study and adds trials.
+    again = run_cli(tmp_path, *SMOKE)
+    assert again.returncode == 0, again.stderr
+    assert "Resuming study 'bert_ffn-smoke' (2 earlier trials)" in again.stdout
+    assert len(_study(tmp_path).get_trials(states=(TrialState.COMPLETE,))) == 4
+    _, parents, children = _mlflow(tmp_path)
+    assert len(parents) == 2 and len(children) == 4
+    _assert_pareto_tags_match_the_study(tmp_path, children)
+
+
+def _user_experiment(tmp_path, body: str) -> str:
+    conf = tmp_path / "conf" / "experiment"
+    conf.mkdir(parents=True)
+    (conf / "mine.yaml").write_text(textwrap.dedent(body))
+    return str(tmp_path / "conf")
+
+
+def test_bad_search_space_fails_before_anything_is_created(tmp_path):
+    config_dir = _user_experiment(
+        tmp_path,
+        """\
+        # @package _global_
+        defaults:
+          - /search_spaces/regularization@search_space
+        study:
+          name: mine
+        search_space:
+          train.lr: tag(log, interval(1e-3, 1e-5))
+        """,
+    )
+    result = run_cli(tmp_path, "--config-dir", config_dir, "+experiment=mine", "debug=smoke")
+    assert result.returncode == 2
+    assert "mine.yaml" in result.stderr
+    assert "'train.lr'" in result.stderr
+    assert "low 0.001 > high 1e-05" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "optuna.db").exists()
+    assert not (tmp_path / "mlflow.db").exists()
+
+
+def test_unknown_key_in_a_search_space_file_names_the_file(tmp_path):
+    config_dir = _user_experiment(
+        tmp_path,
+        """\
+        # @package _global_
+        defaults:
+          - /search_spaces/mixup@search_space
+        study:
+          name: mine
+        search_space:
+          train.learning_rate: choice(0.1, 0.2)
+        """,
+    )
+    result = run_cli(tmp_path, "--config-dir", config_dir, "+experiment=mine", "debug=smoke")
+    assert result.returncode == 2
+    assert "'train.learning_rate'" in result.stderr and "unknown key" in result.stderr
+    assert not (tmp_path / "optuna.db").exists()
+
+
+def test_diverging_trials_are_failed_with_reason_and_the_study_goes_on(tmp_path):
+    config_dir = _user_experiment(
+        tmp_path,
+        """\
+        # @package _global_
+        study:
+          name: mine
+        search_space:
+          train.lr: choice(1e30)
+          model.ffn_width: choice(512, 1024)
+        """,
+    )
+    result = run_cli(tmp_path, "--config-dir", config_dir, "+experiment=mine", "debug=smoke")
+    assert result.returncode == 0, result.stderr
+    study = _study(tmp_path, "mine-smoke")
+    assert [t.state for t in study.trials] == [TrialState.FAIL, TrialState.FAIL]
+    for trial in study.trials:
+        assert "train_loss became" in trial.user_attrs["fail_reason"]
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    experiment = client.get_experiment_by_name("mine-smoke")
+    runs = client.search_runs([experiment.experiment_id], "tags.`tuner.role` = 'trial'")
+    assert len(runs) == 2
+    for run in runs:
+        assert run.info.status == "FAILED"
+        assert "train_loss became" in run.data.tags["failure_reason"]
+
+
+def test_ctrl_c_leaves_study_and_runs_consistent(tmp_path):
+    command = cli_command(tmp_path, *SMOKE, "debug.overrides.train.epochs=500")
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    process = subprocess.Popen(
+        command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    deadline = time.monotonic() + 300
+    for line in process.stdout:
+        if "Trial 1/2" in line or time.monotonic() > deadline:
+            break
+    time.sleep(3)  # inside training
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 130, stderr
+    assert "re-run the same command to resume" in stderr
+    assert [t.state for t in _study(tmp_path).trials] == [TrialState.FAIL]
+    _, parents, children = _mlflow(tmp_path)
+    assert [r.info.status for r in parents] == ["KILLED"]
+    assert [r.info.status for r in children] == ["KILLED"]
+
+
+def test_help_lists_the_config_groups(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "tuner", "--help"], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert result.returncode == 0
+    for group in ("data:", "model:", "study:", "debug:", "experiment:"):
+        assert group in result.stdout

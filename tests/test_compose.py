@@ -1,0 +1,69 @@
+"""Every experiment and every search-space file composes, parses and passes the start-up checks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from tuner.checks import check_config
+from tuner.config import (
+    CONF_DIR,
+    SEARCH_SPACE_DIR,
+    apply_debug,
+    register_resolvers,
+    resolve,
+    search_space_sources,
+)
+from tuner.space import build_search_space
+
+EXPERIMENTS = sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
+SPACE_FILES = sorted(SEARCH_SPACE_DIR.glob("*.yaml"))
+
+
+def _compose(*overrides: str):
+    register_resolvers()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose(config_name="config", overrides=list(overrides))
+
+
+@pytest.mark.parametrize("experiment", EXPERIMENTS)
+@pytest.mark.parametrize("debug", [None, "smoke"])
+def test_experiment_composes_and_checks(experiment, debug):
+    overrides = [f"+experiment={experiment}"] + ([f"debug={debug}"] if debug else [])
+    cfg = resolve(apply_debug(_compose(*overrides)))
+    sources = search_space_sources(experiment)
+    space = build_search_space(cfg.search_space, cfg, sources)
+    check_config(cfg, space, sources)
+    assert cfg.study.name.startswith(experiment)
+    assert space.distributions, "an experiment should search something"
+    assert set(sources) == set(cfg.search_space)
+
+
+@pytest.mark.parametrize("space_file", SPACE_FILES, ids=lambda p: p.stem)
+def test_search_space_file_parses_against_bert_ffn(space_file: Path):
+    cfg = resolve(_compose("+experiment=bert_ffn"))
+    space = OmegaConf.load(space_file)
+    sources = {key: space_file.name for key in space}
+    parsed = build_search_space(space, cfg, sources)
+    check_config(cfg, parsed, sources)
+    assert set(parsed.keys) == set(space)
+
+
+def test_debug_profile_wins_over_the_experiment_and_renames_the_study():
+    plain = resolve(apply_debug(_compose("+experiment=bert_ffn")))
+    smoke = resolve(apply_debug(_compose("+experiment=bert_ffn", "debug=smoke")))
+    assert plain.study.n_trials == 8 and smoke.study.n_trials == 2
+    assert smoke.study.name == "bert_ffn-smoke"
+    assert smoke.model.random_init and smoke.model.config_overrides.num_hidden_layers == 2
+    # Everything the profile does not name stays as the experiment set it.
+    assert smoke.search_space == plain.search_space
+    assert smoke.train.lr == plain.train.lr
+    tuned = resolve(
+        apply_debug(
+            _compose("+experiment=bert_ffn", "debug=smoke", "debug.overrides.study.n_trials=3")
+        )
+    )
+    assert tuned.study.n_trials == 3

@@ -1,0 +1,112 @@
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from tuner.data.tokens import TokenizedTexts
+from tuner.errors import TrialFailed
+from tuner.models.base import NewLayer
+from tuner.training import evaluate, initialise_new_layers, mixup, train
+
+
+def _train_cfg(**changes):
+    values = dict(
+        optimizer="adam",
+        lr=1e-3,
+        weight_decay=1e-5,
+        grad_clip_norm=0.0,
+        init="auto",
+        mixup_alpha=0.0,
+        epochs=2,
+        batch_size=8,
+        warmup_ratio=0.1,
+        seed=0,
+        num_threads=None,
+    )
+    return OmegaConf.create({**values, **changes})
+
+
+def _separable_data(n: int = 64) -> TokenizedTexts:
+    """Label 1 texts use tokens 50-99, label 0 texts tokens 1-49: learnable in a few steps."""
+    generator = torch.Generator().manual_seed(1)
+    labels = torch.arange(n) % 2
+    ids = torch.randint(1, 50, (n, 10), generator=generator) + 49 * labels.unsqueeze(1)
+    return TokenizedTexts(ids, torch.ones(n, 10, dtype=torch.long), labels)
+
+
+def test_training_learns_and_reports_every_epoch(tiny_bert):
+    data = _separable_data()
+    epochs = []
+    result = train(tiny_bert, data, data, _train_cfg(epochs=3), on_epoch=epochs.append)
+    assert [e.epoch for e in epochs] == [1, 2, 3]
+    assert epochs[-1].train_loss < epochs[0].train_loss
+    assert result.val_accuracy == evaluate(tiny_bert, data) > 0.9
+
+
+def test_mixup_and_clipping_train_too(tiny_bert):
+    data = _separable_data()
+    result = train(tiny_bert, data, data, _train_cfg(mixup_alpha=0.2, grad_clip_norm=5.0))
+    assert all(math.isfinite(e.train_loss) for e in result.epochs)
+
+
+def test_diverging_loss_fails_the_trial_with_the_reason(tiny_bert):
+    data = _separable_data()
+    with pytest.raises(TrialFailed, match=r"train_loss became (nan|inf) at epoch 1, step \d+"):
+        train(tiny_bert, data, data, _train_cfg(lr=1e30))
+
+
+def test_mixup_mixes_representations_and_labels_alike():
+    pooled = torch.randn(6, 4)
+    labels = torch.tensor([0, 1, 0, 1, 1, 0])
+    mixed = mixup(pooled, labels, alpha=0.4, generator=torch.Generator().manual_seed(3))
+    assert 0 < mixed.lam < 1
+    assert sorted(mixed.partner.tolist()) == list(range(6))
+    expected = mixed.lam * pooled + (1 - mixed.lam) * pooled[mixed.partner]
+    assert torch.allclose(mixed.pooled, expected)
+    assert torch.equal(mixed.labels_a, labels)
+    assert torch.equal(mixed.labels_b, labels[mixed.partner])
+    # The loss interpolates the two cross-entropies with the same lam.
+    logits = torch.randn(6, 2)
+    ce = torch.nn.functional.cross_entropy
+    expected_loss = mixed.lam * ce(logits, labels) + (1 - mixed.lam) * ce(
+        logits, labels[mixed.partner]
+    )
+    assert torch.allclose(mixed.loss(logits), expected_loss)
+
+
+def test_mixup_is_reproducible():
+    pooled, labels = torch.randn(8, 3), torch.arange(8) % 2
+    a = mixup(pooled, labels, 0.2, torch.Generator().manual_seed(5))
+    b = mixup(pooled, labels, 0.2, torch.Generator().manual_seed(5))
+    assert a.lam == b.lam and torch.equal(a.pooled, b.pooled)
+
+
+@pytest.mark.parametrize(
+    ("scheme", "activation", "expected_std"),
+    [
+        # Kaiming normal, fan_in 400: std = gain / sqrt(fan_in), ReLU gain sqrt(2).
+        ("kaiming", "gelu", math.sqrt(2 / 400)),
+        ("auto", "gelu", math.sqrt(2 / 400)),
+        # Xavier uniform, fans 400 and 300: std = gain * sqrt(2 / (fan_in + fan_out)).
+        ("xavier", "linear", math.sqrt(2 / 700)),
+        ("auto", "linear", math.sqrt(2 / 700)),
+        ("auto", "tanh", 5 / 3 * math.sqrt(2 / 700)),
+    ],
+)
+def test_init_schemes_follow_the_activation(scheme, activation, expected_std):
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(400, 300)
+    initialise_new_layers([NewLayer("x", layer, activation)], scheme)
+    assert layer.weight.std().item() == pytest.approx(expected_std, rel=0.05)
+    assert torch.count_nonzero(layer.bias) == 0
+
+
+def test_auto_init_covers_head_and_new_encoder(tiny_bert):
+    layers = {layer.name: layer.activation for layer in tiny_bert.new_layers()}
+    assert layers["head.dense"] == "gelu"
+    assert layers["head.out"] == "linear"
+    assert layers["encoder.encoder.layer.0.intermediate.dense"] == "gelu"
+    assert layers["encoder.encoder.layer.0.output.dense"] == "linear"

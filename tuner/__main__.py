@@ -1,0 +1,46 @@
+"""`python -m tuner +experiment=NAME [overrides]`: run or resume the experiment's study."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from omegaconf import DictConfig
+
+from tuner.config import CONF_DIR, register_resolvers, search_space_sources
+from tuner.errors import ConfigError
+
+register_resolvers()
+
+
+@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
+def main(cfg: DictConfig) -> None:
+    from tuner.study import run_study
+
+    hydra_cfg = HydraConfig.get()
+    runtime = hydra_cfg.runtime
+    roots = [Path(s.path) for s in runtime.config_sources if s.schema == "file"]
+    overrides = OverridesParser.create().parse_overrides(list(hydra_cfg.overrides.task))
+    try:
+        run_study(
+            cfg,
+            sources=search_space_sources(runtime.choices.get("experiment"), roots),
+            pinned={override.key_or_group for override in overrides},
+        )
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        print(
+            "Interrupted: the running trial is marked failed, its MLflow run KILLED; "
+            "re-run the same command to resume.",
+            file=sys.stderr,
+        )
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

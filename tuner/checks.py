@@ -1,0 +1,99 @@
+"""Start-up checks of config values, including every value a search space can sample.
+
+Each rule names a dotted key; the value checked is the config's, or when the key is searched,
+each choice or both bounds of its range, so a bad space fails before the study exists.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+from optuna.distributions import BaseDistribution, CategoricalDistribution
+
+from tuner.backends import BACKENDS
+from tuner.data import DATA_SOURCES
+from tuner.errors import ConfigError
+from tuner.models import MODEL_FAMILIES
+from tuner.registry import Registry
+from tuner.samplers import SAMPLERS
+from tuner.space import SearchSpace
+from tuner.training import INIT_SCHEMES, OPTIMIZERS
+
+REGISTRY_KEYS: dict[str, Registry[Any]] = {
+    "data.source": DATA_SOURCES,
+    "model.family": MODEL_FAMILIES,
+    "train.optimizer": OPTIMIZERS,
+    "train.init": INIT_SCHEMES,
+    "deploy.backend": BACKENDS,
+    "study.sampler": SAMPLERS,
+}
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+Rule = tuple[Callable[[Any], bool], str]
+POSITIVE: Rule = (lambda v: _number(v) and v > 0, "must be a number > 0")
+NON_NEGATIVE: Rule = (lambda v: _number(v) and v >= 0, "must be a number >= 0 (0 turns it off)")
+POSITIVE_INT: Rule = (_positive_int, "must be an int >= 1")
+NON_NEGATIVE_INT: Rule = (lambda v: _positive_int(v) or v == 0, "must be an int >= 0")
+FRACTION: Rule = (lambda v: _number(v) and 0 <= v < 1, "must be in [0, 1)")
+
+VALUE_RULES: dict[str, Rule] = {
+    "train.lr": POSITIVE,
+    "train.weight_decay": NON_NEGATIVE,
+    "train.grad_clip_norm": NON_NEGATIVE,
+    "train.mixup_alpha": NON_NEGATIVE,
+    "train.epochs": POSITIVE_INT,
+    "train.batch_size": POSITIVE_INT,
+    "train.warmup_ratio": FRACTION,
+    "data.max_length": POSITIVE_INT,
+    "study.n_trials": POSITIVE_INT,
+    "deploy.latency.batch_size": POSITIVE_INT,
+    "deploy.latency.seq_len": POSITIVE_INT,
+    "deploy.latency.num_threads": POSITIVE_INT,
+    "deploy.latency.warmup": NON_NEGATIVE_INT,
+    "deploy.latency.repeats": POSITIVE_INT,
+}
+
+
+def candidate_values(distribution: BaseDistribution) -> list[Any]:
+    """The values worth checking: every choice, or both ends of a range."""
+    if isinstance(distribution, CategoricalDistribution):
+        return list(distribution.choices)
+    return [distribution.low, distribution.high]  # type: ignore[attr-defined]
+
+
+def _values(cfg: DictConfig, space: SearchSpace, key: str) -> tuple[list[Any], str]:
+    if key in space.distributions:
+        return candidate_values(space.distributions[key]), " (a value of its search space)"
+    return [OmegaConf.select(cfg, key)], ""
+
+
+def check_config(cfg: DictConfig, space: SearchSpace, sources: Mapping[str, str]) -> None:
+    for key, registry in REGISTRY_KEYS.items():
+        values, where = _values(cfg, space, key)
+        for value in values:
+            if value not in registry:
+                raise ConfigError(
+                    f"Invalid config: key '{key}'{where}: unknown value {value!r}; choose one "
+                    f"of {', '.join(registry.names())}" + _source(key, sources)
+                )
+    for key, (valid, rule) in VALUE_RULES.items():
+        values, where = _values(cfg, space, key)
+        for value in values:
+            if not valid(value):
+                raise ConfigError(
+                    f"Invalid config: key '{key}'{where}: {value!r} {rule}" + _source(key, sources)
+                )
+
+
+def _source(key: str, sources: Mapping[str, str]) -> str:
+    return f"; defined in {sources[key]}" if key in sources else ""

@@ -1,0 +1,103 @@
+"""What the terminal shows: trial headers, training progress with ETA, and the final front."""
+
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+from rich.table import Table
+
+from tuner.front import Point
+
+console = Console(highlight=False, soft_wrap=True)
+
+
+def quiet_libraries() -> None:
+    """Silence reports users cannot act on: weight-loading tables, progress bars, migrations."""
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    import optuna
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    for name in ("mlflow", "alembic", "urllib3", "huggingface_hub", "filelock", "matplotlib"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    # Deprecations raised inside libraries, not by anything in the user's config.
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+
+
+def _short(value: Any) -> str:
+    return f"{value:.3g}" if isinstance(value, float) else str(value)
+
+
+def trial_header(index: int, total: int, trial_number: int, params: Mapping[str, Any]) -> None:
+    described = ", ".join(f"{key}={_short(value)}" for key, value in params.items())
+    console.print(f"[bold]Trial {index}/{total}[/] (#{trial_number}) {described}")
+
+
+def trial_result(values: Mapping[str, float]) -> None:
+    console.print(
+        f"  val_accuracy {values['val_accuracy']:.4f}  latency p50 "
+        f"{values['latency_ms_p50']:.2f} ms (p95 {values['latency_ms_p95']:.2f})  "
+        f"size {values['model_size_mb']:.1f} MB"
+    )
+
+
+def trial_failed(trial_number: int, reason: str) -> None:
+    console.print(f"  [red]trial #{trial_number} failed:[/] {reason}")
+
+
+@contextmanager
+def training_progress(description: str) -> Iterator[Progress]:
+    progress = Progress(
+        TextColumn("  {task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("steps"),
+        TimeElapsedColumn(),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
+        console=console,
+        transient=console.is_terminal,
+    )
+    with progress:
+        yield progress
+
+
+def front_summary(study_name: str, points: list[Point]) -> None:
+    front = sorted((p for p in points if p.pareto), key=lambda p: p.latency_ms_p50)
+    if not front:
+        console.print(f"Study '{study_name}' has no complete trial yet.")
+        return
+    table = Table(title=f"Pareto front of '{study_name}' ({len(front)} of {len(points)} points)")
+    for column in ("trial", "backend", "val_accuracy", "p50 ms", "p95 ms", "size MB"):
+        table.add_column(column, no_wrap=True)
+    table.add_column("params", overflow="fold")
+    for p in front:
+        params = ", ".join(f"{key}={_short(value)}" for key, value in p.params.items())
+        table.add_row(
+            str(p.trial_number),
+            p.backend,
+            f"{p.val_accuracy:.4f}",
+            f"{p.latency_ms_p50:.2f}",
+            f"{p.latency_ms_p95:.2f}",
+            f"{p.model_size_mb:.1f}",
+            params,
+        )
+    console.print(table)

@@ -1,0 +1,58 @@
+"""Texts tokenized once per study, served as batches trimmed to their longest example."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+from tuner.data.splits import TextExamples
+
+
+@dataclass(frozen=True)
+class TokenBatch:
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    labels: torch.Tensor
+
+
+@dataclass(frozen=True)
+class TokenizedTexts:
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    labels: torch.Tensor
+
+    def __len__(self) -> int:
+        return int(self.labels.shape[0])
+
+    def batches(
+        self, batch_size: int, generator: torch.Generator | None = None
+    ) -> Iterator[TokenBatch]:
+        """Batches in order, or shuffled by `generator`; padding beyond each batch is dropped."""
+        order = (
+            torch.randperm(len(self), generator=generator)
+            if generator is not None
+            else torch.arange(len(self))
+        )
+        for start in range(0, len(self), batch_size):
+            index = order[start : start + batch_size]
+            mask = self.attention_mask[index]
+            length = max(int(mask.sum(dim=1).max()), 1)
+            yield TokenBatch(self.input_ids[index, :length], mask[:, :length], self.labels[index])
+
+    def num_batches(self, batch_size: int) -> int:
+        return -(-len(self) // batch_size)
+
+
+def tokenize(tokenizer, examples: TextExamples, max_length: int) -> TokenizedTexts:
+    encoded = tokenizer(
+        examples.texts,
+        padding="max_length",
+        truncation=True,
+        max_length=max_length,
+        return_tensors="pt",
+    )
+    return TokenizedTexts(
+        encoded["input_ids"], encoded["attention_mask"], torch.tensor(examples.labels)
+    )

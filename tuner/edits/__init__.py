@@ -1,0 +1,10 @@
+"""Structural edits: functions over a built model, each driven by one `model.*` config key."""
+
+from __future__ import annotations
+
+from tuner.edits.base import EDITS, Edit, apply_edits
+
+# Importing the module registers its edit.
+from tuner.edits import ffn_width  # noqa: E402,F401  isort: skip
+
+__all__ = ["EDITS", "Edit", "apply_edits"]

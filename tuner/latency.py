@@ -1,0 +1,104 @@
+"""One latency protocol for every backend: pinned threads, warm-up, repeated timed calls.
+
+Shared CPUs are noisy, so the protocol reports the median and the 95th percentile of many calls
+and records everything needed to compare two measurements (batch, sequence length, threads,
+repeats, CPU model, torch version).
+"""
+
+from __future__ import annotations
+
+import platform
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from functools import cache
+from pathlib import Path
+
+import numpy as np
+import torch
+from omegaconf import DictConfig
+
+from tuner.backends.base import ExampleInputs
+
+
+@dataclass(frozen=True)
+class LatencyProtocol:
+    batch_size: int
+    seq_len: int
+    num_threads: int
+    warmup: int
+    repeats: int
+
+    @classmethod
+    def from_config(cls, latency_cfg: DictConfig) -> LatencyProtocol:
+        return cls(**{name: int(latency_cfg[name]) for name in cls.__dataclass_fields__})
+
+    def record(self) -> dict[str, str | int]:
+        """The protocol and the machine it ran on, as recorded with every measurement."""
+        return {**asdict(self), "cpu": cpu_model(), "torch_version": torch.__version__}
+
+
+@dataclass(frozen=True)
+class LatencyResult:
+    p50_ms: float
+    p95_ms: float
+    mean_ms: float
+    min_ms: float
+    max_ms: float
+
+
+@cache
+def cpu_model() -> str:
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+@contextmanager
+def pinned_threads(num_threads: int) -> Iterator[None]:
+    previous = torch.get_num_threads()
+    torch.set_num_threads(num_threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+def example_inputs(tokenizer, texts: list[str], protocol: LatencyProtocol) -> ExampleInputs:
+    """Real texts, padded to the protocol's fixed sequence length."""
+    batch = [texts[i % len(texts)] for i in range(protocol.batch_size)]
+    encoded = tokenizer(
+        batch,
+        padding="max_length",
+        truncation=True,
+        max_length=protocol.seq_len,
+        return_tensors="pt",
+    )
+    return ExampleInputs(encoded["input_ids"], encoded["attention_mask"])
+
+
+def measure_latency(
+    logits_of: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    inputs: ExampleInputs,
+    protocol: LatencyProtocol,
+) -> LatencyResult:
+    timings = []
+    with pinned_threads(protocol.num_threads), torch.inference_mode():
+        for _ in range(protocol.warmup):
+            logits_of(inputs.input_ids, inputs.attention_mask)
+        for _ in range(protocol.repeats):
+            started = time.perf_counter()
+            logits_of(inputs.input_ids, inputs.attention_mask)
+            timings.append((time.perf_counter() - started) * 1000)
+    values = np.array(timings)
+    return LatencyResult(
+        p50_ms=float(np.percentile(values, 50)),
+        p95_ms=float(np.percentile(values, 95)),
+        mean_ms=float(values.mean()),
+        min_ms=float(values.min()),
+        max_ms=float(values.max()),
+    )

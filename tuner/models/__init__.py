@@ -1,0 +1,18 @@
+"""Models by family: each family builds a classifier and names its newly created layers."""
+
+from __future__ import annotations
+
+from tuner.models.base import MODEL_FAMILIES, NewLayer, TunableModel, build_model
+from tuner.models.packaged import PACKAGED_MODELS, resolve_name_or_path
+
+# Importing the module registers its family.
+from tuner.models import hf_encoder  # noqa: E402,F401  isort: skip
+
+__all__ = [
+    "MODEL_FAMILIES",
+    "PACKAGED_MODELS",
+    "NewLayer",
+    "TunableModel",
+    "build_model",
+    "resolve_name_or_path",
+]

@@ -1,0 +1,182 @@
+"""A study from start to end: check everything, then create or resume it and run the trials."""
+
+from __future__ import annotations
+
+import copy
+import os
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+
+import optuna
+import torch
+from omegaconf import DictConfig, OmegaConf
+from transformers import AutoTokenizer
+
+from tuner import console
+from tuner.backends import BACKENDS
+from tuner.checks import candidate_values, check_config
+from tuner.config import apply_debug, load_search_space, resolve, with_params
+from tuner.data import load_splits
+from tuner.data.tokens import tokenize
+from tuner.edits import EDITS
+from tuner.errors import ConfigError, TrialFailed
+from tuner.front import Point, study_points
+from tuner.latency import LatencyProtocol, example_inputs
+from tuner.models import resolve_name_or_path
+from tuner.samplers import SAMPLERS
+from tuner.space import SearchSpace
+from tuner.tracking import Tracker
+from tuner.trial import ModelFactory, Objective, TrialContext
+
+DIRECTIONS = ("maximize", "minimize")
+OBJECTIVES = ("val_accuracy", "latency_ms_p50")
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A checked config and its search space; nothing has been created yet."""
+
+    cfg: DictConfig
+    space: SearchSpace
+
+
+def prepare(
+    raw_cfg: DictConfig, sources: Mapping[str, str], pinned: Collection[str] = ()
+) -> Prepared:
+    """Apply the debug profile, resolve, parse the search space and check every value.
+
+    Args:
+        sources: search-space key -> file that defines it, named in errors.
+        pinned: keys set on the command line; they are fixed, not searched.
+    """
+    cfg = resolve(apply_debug(raw_cfg))
+    space = load_search_space(cfg, sources, pinned)
+    cfg = with_params(cfg, space.fixed)
+    check_config(cfg, space, sources)
+    backend = BACKENDS.get(str(cfg.deploy.backend))
+    reason = backend.unavailable_reason()
+    if reason:
+        raise ConfigError(f"Invalid config: key 'deploy.backend': '{backend.name}': {reason}")
+    return Prepared(cfg, space)
+
+
+def _check_edits(factory: ModelFactory, prepared: Prepared) -> None:
+    """Apply each searched edit at the ends of its range to a copy, so bad widths fail now."""
+    model = factory.build(prepared.cfg.model)
+    for name in EDITS:
+        edit = EDITS.get(name)
+        key = f"model.{edit.config_key}"
+        if key in prepared.space.distributions:
+            for value in candidate_values(prepared.space.distributions[key]):
+                edit.apply(copy.deepcopy(model), value)
+
+
+def _create_study(cfg: DictConfig) -> optuna.Study:
+    storage = str(cfg.study.storage)
+    try:
+        existing = optuna.get_all_study_names(storage)
+    except Exception as exc:
+        raise ConfigError(
+            f"Invalid config: key 'study.storage': cannot open {storage}: {exc}"
+        ) from None
+    resumed = str(cfg.study.name) in existing
+    previous = 0
+    if resumed:
+        previous = len(optuna.load_study(study_name=str(cfg.study.name), storage=storage).trials)
+    # A resumed study must not replay the first invocation's random draws.
+    sampler = SAMPLERS.get(str(cfg.study.sampler))(int(cfg.study.seed) + previous)
+    study = optuna.create_study(
+        study_name=str(cfg.study.name),
+        storage=storage,
+        directions=list(DIRECTIONS),
+        sampler=sampler,
+        load_if_exists=True,
+    )
+    if study.directions != [optuna.study.StudyDirection[d.upper()] for d in DIRECTIONS]:
+        raise ConfigError(
+            f"Invalid config: key 'study.name': study '{study.study_name}' in {storage} has "
+            f"other objectives; choose another study.name"
+        )
+    study.set_metric_names(list(OBJECTIVES))
+    state = "Resuming" if resumed else "Created"
+    console.console.print(
+        f"{state} study '{study.study_name}' ({previous} earlier trials) in {storage}"
+    )
+    return study
+
+
+def run_study(
+    raw_cfg: DictConfig, sources: Mapping[str, str] | None = None, pinned: Collection[str] = ()
+) -> list[Point]:
+    """Run `study.n_trials` more trials; return the study's points, front flagged."""
+    console.quiet_libraries()
+    prepared = prepare(raw_cfg, sources or {}, pinned)
+    cfg, space = prepared.cfg, prepared.space
+    torch.set_num_threads(int(cfg.train.num_threads or os.cpu_count() or 1))
+
+    splits = load_splits(cfg.data)
+    source = resolve_name_or_path(str(cfg.model.name_or_path))
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=False)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(
+            f"Invalid config: key 'model.name_or_path': no tokenizer at '{source}': {exc}"
+        ) from None
+    edit_keys = {EDITS.get(name).config_key for name in EDITS}
+    factory = ModelFactory(splits.num_labels, edit_keys)
+    _check_edits(factory, prepared)
+    protocol = LatencyProtocol.from_config(cfg.deploy.latency)
+    console.console.print(
+        f"Data: {len(splits.train)} train / {len(splits.val)} validation "
+        f"examples, labels {splits.label_names} ({splits.origin})"
+    )
+
+    study = _create_study(cfg)
+    tracker = Tracker(str(cfg.tracking.uri), str(cfg.tracking.experiment))
+    parent_id = tracker.start_parent(
+        study.study_name,
+        {
+            "study.n_trials": cfg.study.n_trials,
+            "study.sampler": cfg.study.sampler,
+            "search_space": ", ".join(space.keys),
+            **_prefixed("latency", protocol.record()),
+        },
+        OmegaConf.to_yaml(cfg),
+    )
+    context = TrialContext(
+        cfg=cfg,
+        space=space,
+        train_data=tokenize(tokenizer, splits.train, int(cfg.data.max_length)),
+        val_data=tokenize(tokenizer, splits.val, int(cfg.data.max_length)),
+        example=example_inputs(tokenizer, splits.val.texts, protocol),
+        protocol=protocol,
+        factory=factory,
+        tracker=tracker,
+        parent_run_id=parent_id,
+        n_trials=int(cfg.study.n_trials),
+    )
+
+    def publish(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        tracker.publish_front(parent_id, study.study_name, study_points(study))
+
+    try:
+        study.optimize(
+            Objective(context),
+            n_trials=int(cfg.study.n_trials),
+            catch=(TrialFailed, RuntimeError, ValueError),
+            callbacks=[publish],
+        )
+    except KeyboardInterrupt:
+        tracker.kill(parent_id)
+        raise
+    except BaseException:
+        tracker.fail(parent_id, "the study stopped on an error; see the terminal")
+        raise
+    points = study_points(study)
+    tracker.finish(parent_id)
+    console.front_summary(study.study_name, points)
+    return points
+
+
+def _prefixed(prefix: str, values: dict) -> dict:
+    return {f"{prefix}.{key}": value for key, value in values.items()}

@@ -1,0 +1,105 @@
+"""The training loop: one screen, no framework."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from omegaconf import DictConfig
+from torch import nn
+
+from tuner.data.tokens import TokenizedTexts
+from tuner.errors import TrialFailed
+from tuner.training.mixup import mixup
+from tuner.training.optim import build_optimizer
+
+Logits = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class EpochResult:
+    epoch: int
+    train_loss: float
+    val_accuracy: float
+
+
+@dataclass
+class TrainResult:
+    epochs: list[EpochResult] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def val_accuracy(self) -> float:
+        return self.epochs[-1].val_accuracy
+
+
+@torch.inference_mode()
+def evaluate(logits_of: Logits, data: TokenizedTexts, batch_size: int = 64) -> float:
+    """Accuracy of any callable mapping (input_ids, attention_mask) to logits."""
+    correct = 0
+    for batch in data.batches(batch_size):
+        logits = logits_of(batch.input_ids, batch.attention_mask)
+        correct += int((logits.argmax(dim=-1) == batch.labels).sum())
+    return correct / max(len(data), 1)
+
+
+def _linear_warmup_decay(total_steps: int, warmup_ratio: float) -> Callable[[int], float]:
+    warmup = max(int(total_steps * warmup_ratio), 1)
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        return max(0.0, (total_steps - step) / max(total_steps - warmup, 1))
+
+    return factor
+
+
+def train(
+    model: nn.Module,
+    train_data: TokenizedTexts,
+    val_data: TokenizedTexts,
+    cfg: DictConfig,
+    on_step: Callable[[int, int], None] = lambda done, total: None,
+    on_epoch: Callable[[EpochResult], None] = lambda result: None,
+) -> TrainResult:
+    """Train `model` with the knobs in `cfg` (the `train` node); fail the trial on NaN/Inf loss."""
+    generator = torch.Generator().manual_seed(int(cfg.seed))
+    optimizer = build_optimizer(model, cfg.optimizer, float(cfg.lr), float(cfg.weight_decay))
+    steps_per_epoch = train_data.num_batches(cfg.batch_size)
+    total_steps = steps_per_epoch * int(cfg.epochs)
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, _linear_warmup_decay(total_steps, float(cfg.warmup_ratio))
+    )
+    result, started, step = TrainResult(), time.perf_counter(), 0
+    for epoch in range(1, int(cfg.epochs) + 1):
+        model.train()
+        loss_sum = 0.0
+        for batch in train_data.batches(cfg.batch_size, generator):
+            pooled = model.embed(batch.input_ids, batch.attention_mask)
+            if cfg.mixup_alpha > 0:
+                mixed = mixup(pooled, batch.labels, float(cfg.mixup_alpha), generator)
+                loss = mixed.loss(model.classify(mixed.pooled))
+            else:
+                loss = nn.functional.cross_entropy(model.classify(pooled), batch.labels)
+            if not math.isfinite(loss.item()):
+                raise TrialFailed(
+                    f"train_loss became {loss.item()} at epoch {epoch}, step {step + 1}"
+                )
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            if cfg.grad_clip_norm > 0:
+                nn.utils.clip_grad_norm_(model.parameters(), float(cfg.grad_clip_norm))
+            optimizer.step()
+            schedule.step()
+            loss_sum += loss.item()
+            step += 1
+            on_step(step, total_steps)
+        model.eval()
+        epoch_result = EpochResult(epoch, loss_sum / steps_per_epoch, evaluate(model, val_data))
+        result.epochs.append(epoch_result)
+        on_epoch(epoch_result)
+    result.seconds = time.perf_counter() - started
+    return result
