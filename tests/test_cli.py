@@ -85,6 +85,7 @@ def test_smoke_study_end_to_end_and_resume(tmp_path):
         "model_size_mb",
     ]
     assert parent.data.params["latency.seq_len"] == "32"
+    assert parent.data.params["latency.torch_version"].startswith("2.")
     for run in children:
         assert run.info.status == "FINISHED"
         assert run.data.tags["mlflow.parentRunId"] == parent.info.run_id
@@ -92,6 +93,8 @@ def test_smoke_study_end_to_end_and_resume(tmp_path):
         assert run.data.tags["deploy.backend"] == "eager"
         assert run.data.tags["pareto"] in ("true", "false")
         assert EXPECTED_PARAMS <= set(run.data.params)
+        for protocol_key in ("batch_size", "seq_len", "num_threads", "repeats", "cpu"):
+            assert f"latency.{protocol_key}" in run.data.params
         for metric in ("val_accuracy", "latency_ms_p50", "latency_ms_p95", "model_size_mb"):
             assert metric in run.data.metrics
         number = int(run.data.tags["optuna.trial_number"])
@@ -163,18 +166,29 @@ def test_unknown_key_in_a_search_space_file_names_the_file(tmp_path):
 
 
 def test_diverging_trials_are_failed_with_reason_and_the_study_goes_on(tmp_path):
+    # A user experiment on a local JSONL file, composed as the README shows.
+    data = tmp_path / "reviews.jsonl"
+    data.write_text("".join(f'{{"review": "film {i}", "stars": {i % 2}}}\n' for i in range(200)))
     config_dir = _user_experiment(
         tmp_path,
-        """\
+        f"""\
         # @package _global_
+        defaults:
+          - override /data: csv
         study:
           name: mine
+        data:
+          path: {data}
+          text_column: review
+          label_column: stars
         search_space:
           train.lr: choice(1e30)
           model.ffn_width: choice(512, 1024)
         """,
     )
     result = run_cli(tmp_path, "--config-dir", config_dir, "+experiment=mine", "debug=smoke")
+    assert "Data: 160 train / 20 validation examples, labels ['0', '1']" in result.stdout
+    assert "2 failed trial(s)" in result.stdout
     assert result.returncode == 0, result.stderr
     study = _study(tmp_path, "mine-smoke")
     assert [t.state for t in study.trials] == [TrialState.FAIL, TrialState.FAIL]
@@ -208,6 +222,15 @@ def test_ctrl_c_leaves_study_and_runs_consistent(tmp_path):
     _, parents, children = _mlflow(tmp_path)
     assert [r.info.status for r in parents] == ["KILLED"]
     assert [r.info.status for r in children] == ["KILLED"]
+
+
+def test_command_line_value_of_a_searched_key_is_checked_before_anything_starts(tmp_path):
+    # Setting a searched key on the command line fixes it, so its value is checked like any.
+    result = run_cli(tmp_path, *SMOKE, "train.init=he")
+    assert result.returncode == 2
+    assert "'train.init'" in result.stderr and "'he'" in result.stderr
+    assert "choose one of auto, kaiming, xavier" in result.stderr
+    assert not (tmp_path / "optuna.db").exists()
 
 
 def test_help_lists_the_config_groups(tmp_path):

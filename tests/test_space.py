@@ -94,3 +94,17 @@ def test_unknown_key_names_its_file():
 def test_group_key_is_rejected():
     with pytest.raises(ConfigError, match="names a config group"):
         build_search_space({"train": "choice(1, 2)"}, CONFIG)
+
+
+def test_pinned_keys_are_fixed_at_their_config_value():
+    from tuner.config import load_search_space
+
+    cfg = OmegaConf.create(
+        {
+            "train": {"lr": 0.01, "init": "auto"},
+            "search_space": {"train.lr": "interval(1e-5, 1e-3)", "train.init": "choice(auto)"},
+        }
+    )
+    space = load_search_space(cfg, {}, pinned={"train.lr"})
+    assert set(space.distributions) == {"train.init"}
+    assert space.fixed == {"train.lr": 0.01}

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
+import traceback
 import warnings
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -20,9 +22,11 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from tuner.errors import TrialFailed
 from tuner.front import Point
 
-console = Console(highlight=False, soft_wrap=True)
+# Logs and pipes get a wide page, so the front table stays readable there too.
+console = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 160)
 
 
 def quiet_libraries() -> None:
@@ -34,6 +38,10 @@ def quiet_libraries() -> None:
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    # Records of optuna.* child loggers pass through the handlers, not the parent's filters.
+    for handler in logging.getLogger("optuna").handlers:
+        if not any(isinstance(f, _WithoutFailedTrialReports) for f in handler.filters):
+            handler.addFilter(_WithoutFailedTrialReports())
     for name in ("mlflow", "alembic", "urllib3", "huggingface_hub", "filelock", "matplotlib"):
         logging.getLogger(name).setLevel(logging.ERROR)
     # Deprecations raised inside libraries, not by anything in the user's config.
@@ -59,8 +67,19 @@ def trial_result(values: Mapping[str, float]) -> None:
     )
 
 
-def trial_failed(trial_number: int, reason: str) -> None:
+def trial_failed(trial_number: int, reason: str, error: BaseException) -> None:
     console.print(f"  [red]trial #{trial_number} failed:[/] {reason}")
+    if not isinstance(error, TrialFailed):
+        # Unexpected: keep the traceback, which Optuna's own report of it would have shown.
+        print("".join(traceback.format_exception(error)), file=sys.stderr)
+
+
+class _WithoutFailedTrialReports(logging.Filter):
+    """Drops Optuna's reports of failed trials; `trial_failed` has already told the user."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not (message.startswith("Trial ") and " failed with " in message)
 
 
 @contextmanager
@@ -80,7 +99,9 @@ def training_progress(description: str) -> Iterator[Progress]:
         yield progress
 
 
-def front_summary(study_name: str, points: list[Point]) -> None:
+def front_summary(study_name: str, points: list[Point], failed: int) -> None:
+    if failed:
+        console.print(f"[yellow]{failed} failed trial(s) in the study; see fail_reason.[/]")
     front = sorted((p for p in points if p.pareto), key=lambda p: p.latency_ms_p50)
     if not front:
         console.print(f"Study '{study_name}' has no complete trial yet.")

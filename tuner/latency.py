@@ -34,9 +34,10 @@ class LatencyProtocol:
     def from_config(cls, latency_cfg: DictConfig) -> LatencyProtocol:
         return cls(**{name: int(latency_cfg[name]) for name in cls.__dataclass_fields__})
 
-    def record(self) -> dict[str, str | int]:
+    def record(self, prefix: str = "") -> dict[str, str | int]:
         """The protocol and the machine it ran on, as recorded with every measurement."""
-        return {**asdict(self), "cpu": cpu_model(), "torch_version": torch.__version__}
+        values = {**asdict(self), "cpu": cpu_model(), "torch_version": torch.__version__}
+        return {f"{prefix}{key}": value for key, value in values.items()}
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from tuner.config import apply_debug, load_search_space, resolve, with_params
 from tuner.data import load_splits
 from tuner.data.tokens import tokenize
 from tuner.edits import EDITS
-from tuner.errors import ConfigError, TrialFailed
+from tuner.errors import ConfigError
 from tuner.front import Point, study_points
 from tuner.latency import LatencyProtocol, example_inputs
 from tuner.models import resolve_name_or_path
@@ -139,7 +139,7 @@ def run_study(
             "study.n_trials": cfg.study.n_trials,
             "study.sampler": cfg.study.sampler,
             "search_space": ", ".join(space.keys),
-            **_prefixed("latency", protocol.record()),
+            **protocol.record(prefix="latency."),
         },
         OmegaConf.to_yaml(cfg),
     )
@@ -163,7 +163,8 @@ def run_study(
         study.optimize(
             Objective(context),
             n_trials=int(cfg.study.n_trials),
-            catch=(TrialFailed, RuntimeError, ValueError),
+            # A failing trial is recorded with its reason; the study goes on.
+            catch=(Exception,),
             callbacks=[publish],
         )
     except KeyboardInterrupt:
@@ -174,9 +175,6 @@ def run_study(
         raise
     points = study_points(study)
     tracker.finish(parent_id)
-    console.front_summary(study.study_name, points)
+    failed = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,)))
+    console.front_summary(study.study_name, points, failed)
     return points
-
-
-def _prefixed(prefix: str, values: dict) -> dict:
-    return {f"{prefix}.{key}": value for key, value in values.items()}

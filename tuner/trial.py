@@ -107,7 +107,7 @@ class Objective:
             str(cfg.study.name),
             trial.number,
             backend,
-            {**ctx.space.fixed, **params},
+            {**ctx.space.fixed, **params, **ctx.protocol.record(prefix="latency.")},
         )
         trial.set_user_attr("mlflow_run_id", run_id)
         try:
@@ -119,7 +119,7 @@ class Objective:
             reason = f"{type(exc).__name__}: {exc}"
             trial.set_user_attr("fail_reason", reason)
             ctx.tracker.fail(run_id, reason)
-            console.trial_failed(trial.number, reason)
+            console.trial_failed(trial.number, reason, exc)
             raise
         for name in ("latency_ms_p95", "model_size_mb"):
             trial.set_user_attr(name, values[name])
