@@ -16,7 +16,7 @@ from mlflow.tracking import MlflowClient
 
 TrialState = optuna.trial.TrialState
 SMOKE = ("+experiment=bert_ffn", "debug=smoke")
-EXPECTED_PARAMS = {
+TRAINING_PARAMS = {
     "train.lr",
     "train.weight_decay",
     "train.grad_clip_norm",
@@ -24,15 +24,17 @@ EXPECTED_PARAMS = {
     "train.mixup_alpha",
     "model.ffn_width",
 }
+BACKENDS = {"eager", "bf16", "int8_dynamic", "onnxruntime", "onnxruntime_int8"}
+METRICS = ("val_accuracy", "latency_ms_p50", "latency_ms_p95", "model_size_mb")
 
 
 def _study(tmp_path, name="bert_ffn-smoke") -> optuna.Study:
     return optuna.load_study(study_name=name, storage=f"sqlite:///{tmp_path}/optuna.db")
 
 
-def _mlflow(tmp_path):
+def _mlflow(tmp_path, name="bert_ffn-smoke"):
     client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
-    experiment = client.get_experiment_by_name("bert_ffn-smoke")
+    experiment = client.get_experiment_by_name(name)
     runs = client.search_runs([experiment.experiment_id], max_results=1000)
     parents = [r for r in runs if r.data.tags.get("tuner.role") == "study"]
     children = [r for r in runs if r.data.tags.get("tuner.role") == "trial"]
@@ -40,16 +42,32 @@ def _mlflow(tmp_path):
 
 
 def _assert_pareto_tags_match_the_study(tmp_path, children):
-    trials = _study(tmp_path).get_trials(states=(TrialState.COMPLETE,))
-    best = {
-        t.number
-        for t in optuna.study._multi_objective._get_pareto_front_trials_by_trials(
-            trials, [optuna.study.StudyDirection.MAXIMIZE, optuna.study.StudyDirection.MINIMIZE]
-        )
-    }
+    # Optuna's own front of the study is the oracle.
+    best = {t.number for t in _study(tmp_path).best_trials}
+    assert best
     for run in children:
         on_front = int(run.data.tags["optuna.trial_number"]) in best
         assert run.data.tags["pareto"] == ("true" if on_front else "false")
+
+
+def _assert_one_training_per_config(study: optuna.Study, trainings: int) -> None:
+    """Each trained model gives one point per backend, all with that model's training params."""
+    complete = study.get_trials(states=(TrialState.COMPLETE,))
+    groups: dict[int, list] = {}
+    for trial in complete:
+        groups.setdefault(trial.user_attrs["trained_in_trial"], []).append(trial)
+    assert len(groups) == trainings
+    for trained_in, points in groups.items():
+        assert {t.params["deploy.backend"] for t in points} == BACKENDS
+        assert len(points) == len(BACKENDS)
+        training = {
+            k: v for k, v in study.trials[trained_in].params.items() if k in TRAINING_PARAMS
+        }
+        for point in points:
+            assert {k: point.params[k] for k in TRAINING_PARAMS} == training
+            assert (
+                point.user_attrs["reference_accuracy"] == points[0].user_attrs["reference_accuracy"]
+            )
 
 
 def test_smoke_study_end_to_end_and_resume(tmp_path):
@@ -57,48 +75,47 @@ def test_smoke_study_end_to_end_and_resume(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "Trial 1/2" in result.stdout and "Trial 2/2" in result.stdout
     assert "Pareto front of 'bert_ffn-smoke'" in result.stdout
+    # Trained once per configuration: one training progress line per trial.
+    assert result.stdout.count(" steps ") == 2
     # Library spam stays quiet.
     assert "Loading weights" not in result.stdout + result.stderr
     assert "Warning" not in result.stderr
 
     study = _study(tmp_path)
     complete = study.get_trials(states=(TrialState.COMPLETE,))
-    assert len(complete) == 2
+    assert len(complete) == 2 * len(BACKENDS)
     assert all(len(t.values) == 2 for t in complete)
-    assert all(set(t.params) == EXPECTED_PARAMS for t in complete)
+    assert all(set(t.params) == TRAINING_PARAMS | {"deploy.backend"} for t in complete)
     assert study.metric_names == ["val_accuracy", "latency_ms_p50"]
+    _assert_one_training_per_config(study, trainings=2)
 
     client, parents, children = _mlflow(tmp_path)
-    assert len(parents) == 1 and len(children) == 2
+    assert len(parents) == 1 and len(children) == len(complete)
     parent = parents[0]
     assert parent.info.status == "FINISHED"
     artifacts = {a.path for a in client.list_artifacts(parent.info.run_id, "pareto")}
     assert artifacts == {"pareto/front.csv", "pareto/front.png"}
     front_csv = client.download_artifacts(parent.info.run_id, "pareto/front.csv", str(tmp_path))
     header = open(front_csv).readline().strip().split(",")
-    assert header[:6] == [
-        "trial",
-        "backend",
-        "val_accuracy",
-        "latency_ms_p50",
-        "latency_ms_p95",
-        "model_size_mb",
-    ]
+    assert header[:7] == ["trial", "backend", *METRICS, "trained_in_trial"]
     assert parent.data.params["latency.seq_len"] == "32"
     assert parent.data.params["latency.torch_version"].startswith("2.")
+    by_number = {t.number: t for t in complete}
     for run in children:
         assert run.info.status == "FINISHED"
-        assert run.data.tags["mlflow.parentRunId"] == parent.info.run_id
-        assert run.data.tags["optuna.study"] == "bert_ffn-smoke"
-        assert run.data.tags["deploy.backend"] == "eager"
-        assert run.data.tags["pareto"] in ("true", "false")
-        assert EXPECTED_PARAMS <= set(run.data.params)
+        tags = run.data.tags
+        assert tags["mlflow.parentRunId"] == parent.info.run_id
+        assert tags["optuna.study"] == "bert_ffn-smoke"
+        assert tags["pareto"] in ("true", "false")
+        trial = by_number[int(tags["optuna.trial_number"])]
+        # Optuna and MLflow agree on every point.
+        assert tags["deploy.backend"] == trial.params["deploy.backend"]
+        assert tags["tuner.trained_in_trial"] == str(trial.user_attrs["trained_in_trial"])
+        assert TRAINING_PARAMS | {"deploy.backend"} <= set(run.data.params)
         for protocol_key in ("batch_size", "seq_len", "num_threads", "repeats", "cpu"):
             assert f"latency.{protocol_key}" in run.data.params
-        for metric in ("val_accuracy", "latency_ms_p50", "latency_ms_p95", "model_size_mb"):
+        for metric in (*METRICS, "agreement_with_eager", "max_logit_diff", "convert_seconds"):
             assert metric in run.data.metrics
-        number = int(run.data.tags["optuna.trial_number"])
-        trial = next(t for t in complete if t.number == number)
         assert run.data.metrics["val_accuracy"] == pytest.approx(trial.values[0])
         assert run.data.metrics["latency_ms_p50"] == pytest.approx(trial.values[1])
         assert run.data.params["model.ffn_width"] == str(trial.params["model.ffn_width"])
@@ -109,11 +126,54 @@ def test_smoke_study_end_to_end_and_resume(tmp_path):
     # The same command again resumes the study and adds trials.
     again = run_cli(tmp_path, *SMOKE)
     assert again.returncode == 0, again.stderr
-    assert "Resuming study 'bert_ffn-smoke' (2 earlier trials)" in again.stdout
-    assert len(_study(tmp_path).get_trials(states=(TrialState.COMPLETE,))) == 4
+    assert f"Resuming study 'bert_ffn-smoke' ({len(complete)} earlier trials)" in again.stdout
+    _assert_one_training_per_config(_study(tmp_path), trainings=4)
     _, parents, children = _mlflow(tmp_path)
-    assert len(parents) == 2 and len(children) == 4
+    assert len(parents) == 2 and len(children) == 4 * len(BACKENDS)
     _assert_pareto_tags_match_the_study(tmp_path, children)
+
+
+def test_failing_backend_keeps_the_other_points(tmp_path):
+    # Opset 1 cannot express the model: both ONNX Runtime backends fail to export.
+    result = run_cli(tmp_path, *SMOKE, "debug.overrides.study.n_trials=1", "deploy.onnx.opset=1")
+    assert result.returncode == 0, result.stderr
+    study = _study(tmp_path)
+    by_backend = {t.params["deploy.backend"]: t for t in study.trials}
+    assert set(by_backend) == BACKENDS
+    for backend, trial in by_backend.items():
+        if backend.startswith("onnxruntime"):
+            assert trial.state == TrialState.FAIL
+            assert "opset" in trial.user_attrs["fail_reason"].lower()
+        else:
+            assert trial.state == TrialState.COMPLETE
+    _, _, children = _mlflow(tmp_path)
+    statuses = {r.data.tags["deploy.backend"]: r for r in children}
+    assert {b for b, r in statuses.items() if r.info.status == "FAILED"} == {
+        "onnxruntime",
+        "onnxruntime_int8",
+    }
+    assert "opset" in statuses["onnxruntime"].data.tags["failure_reason"].lower()
+
+
+def test_accuracy_drop_constraint_reaches_optuna_and_the_front(tmp_path):
+    result = run_cli(
+        tmp_path, *SMOKE, "debug.overrides.study.n_trials=1", "study.max_accuracy_drop=0.0"
+    )
+    assert result.returncode == 0, result.stderr
+    study = _study(tmp_path)
+    complete = study.get_trials(states=(TrialState.COMPLETE,))
+    reference = complete[0].user_attrs["reference_accuracy"]
+    for trial in complete:
+        (drop,) = trial.system_attrs["constraints"]
+        assert drop == pytest.approx(reference - trial.values[0])
+    feasible = {t.number for t in complete if t.values[0] >= reference}
+    _, _, children = _mlflow(tmp_path)
+    on_front = {
+        int(r.data.tags["optuna.trial_number"]) for r in children if r.data.tags["pareto"] == "true"
+    }
+    assert on_front and on_front <= feasible
+    # Optuna's own front honours the same constraint.
+    assert {t.number for t in study.best_trials} == on_front
 
 
 def _user_experiment(tmp_path, body: str) -> str:

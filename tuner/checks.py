@@ -45,6 +45,10 @@ NON_NEGATIVE: Rule = (lambda v: _number(v) and v >= 0, "must be a number >= 0 (0
 POSITIVE_INT: Rule = (_positive_int, "must be an int >= 1")
 NON_NEGATIVE_INT: Rule = (lambda v: _positive_int(v) or v == 0, "must be an int >= 0")
 FRACTION: Rule = (lambda v: _number(v) and 0 <= v < 1, "must be in [0, 1)")
+OPTIONAL_NON_NEGATIVE: Rule = (
+    lambda v: v is None or (_number(v) and v >= 0),
+    "must be a number >= 0, or null for no limit",
+)
 
 VALUE_RULES: dict[str, Rule] = {
     "train.lr": POSITIVE,
@@ -56,6 +60,9 @@ VALUE_RULES: dict[str, Rule] = {
     "train.warmup_ratio": FRACTION,
     "data.max_length": POSITIVE_INT,
     "study.n_trials": POSITIVE_INT,
+    "study.max_accuracy_drop": OPTIONAL_NON_NEGATIVE,
+    "study.latency_budget_ms": OPTIONAL_NON_NEGATIVE,
+    "deploy.onnx.opset": POSITIVE_INT,
     "deploy.latency.batch_size": POSITIVE_INT,
     "deploy.latency.seq_len": POSITIVE_INT,
     "deploy.latency.num_threads": POSITIVE_INT,

@@ -9,7 +9,7 @@ import traceback
 import warnings
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.progress import (
@@ -24,6 +24,9 @@ from rich.table import Table
 
 from tuner.errors import TrialFailed
 from tuner.front import Point
+
+if TYPE_CHECKING:
+    from tuner.deploy import BackendResult
 
 # Logs and pipes get a wide page, so the front table stays readable there too.
 console = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 160)
@@ -59,11 +62,16 @@ def trial_header(index: int, total: int, trial_number: int, params: Mapping[str,
     console.print(f"[bold]Trial {index}/{total}[/] (#{trial_number}) {described}")
 
 
-def trial_result(values: Mapping[str, float]) -> None:
+def backend_result(result: BackendResult) -> None:
+    if result.error:
+        console.print(f"  {result.backend:<17} [red]failed:[/] {result.error}")
+        return
+    assert result.latency is not None
     console.print(
-        f"  val_accuracy {values['val_accuracy']:.4f}  latency p50 "
-        f"{values['latency_ms_p50']:.2f} ms (p95 {values['latency_ms_p95']:.2f})  "
-        f"size {values['model_size_mb']:.1f} MB"
+        f"  {result.backend:<17} val_accuracy {result.val_accuracy:.4f} "
+        f"(agrees {result.agreement:.1%})  latency p50 {result.latency.p50_ms:6.2f} ms "
+        f"(p95 {result.latency.p95_ms:.2f})  size {result.model_size_mb:.1f} MB  "
+        f"convert {result.convert_seconds:.1f} s"
     )
 
 
@@ -83,7 +91,7 @@ class _WithoutFailedTrialReports(logging.Filter):
 
 
 @contextmanager
-def training_progress(description: str) -> Iterator[Progress]:
+def training_progress() -> Iterator[Progress]:
     progress = Progress(
         TextColumn("  {task.description}"),
         BarColumn(),

@@ -1,14 +1,24 @@
-"""Optuna samplers by name (`study.sampler`)."""
+"""Optuna samplers by name (`study.sampler`), given a seed and the study's constraints."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import optuna
 
 from tuner.registry import Registry
 
-SAMPLERS: Registry[Callable[[int], optuna.samplers.BaseSampler]] = Registry("study.sampler")
-SAMPLERS.register("tpe")(lambda seed: optuna.samplers.TPESampler(seed=seed, multivariate=True))
-SAMPLERS.register("nsga2")(lambda seed: optuna.samplers.NSGAIISampler(seed=seed))
-SAMPLERS.register("random")(lambda seed: optuna.samplers.RandomSampler(seed=seed))
+ConstraintsFunc = Callable[[optuna.trial.FrozenTrial], Sequence[float]] | None
+SamplerFactory = Callable[[int, ConstraintsFunc], optuna.samplers.BaseSampler]
+
+SAMPLERS: Registry[SamplerFactory] = Registry("study.sampler")
+SAMPLERS.register("tpe")(
+    lambda seed, constraints: optuna.samplers.TPESampler(
+        seed=seed, multivariate=True, constraints_func=constraints
+    )
+)
+SAMPLERS.register("nsga2")(
+    lambda seed, constraints: optuna.samplers.NSGAIISampler(seed=seed, constraints_func=constraints)
+)
+# Random search ignores constraints; the front still marks infeasible points.
+SAMPLERS.register("random")(lambda seed, constraints: optuna.samplers.RandomSampler(seed=seed))

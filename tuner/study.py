@@ -10,12 +10,13 @@ from dataclasses import dataclass
 import optuna
 import torch
 from omegaconf import DictConfig, OmegaConf
+from optuna.distributions import CategoricalDistribution
 from transformers import AutoTokenizer
 
 from tuner import console
-from tuner.backends import BACKENDS
 from tuner.checks import candidate_values, check_config
 from tuner.config import apply_debug, load_search_space, resolve, with_params
+from tuner.constraints import Constraints, constraints_func
 from tuner.data import load_splits
 from tuner.data.tokens import tokenize
 from tuner.edits import EDITS
@@ -26,7 +27,7 @@ from tuner.models import resolve_name_or_path
 from tuner.samplers import SAMPLERS
 from tuner.space import SearchSpace
 from tuner.tracking import Tracker
-from tuner.trial import ModelFactory, Objective, TrialContext
+from tuner.trial import BACKEND_KEY, ModelFactory, Objective, TrialContext
 
 DIRECTIONS = ("maximize", "minimize")
 OBJECTIVES = ("val_accuracy", "latency_ms_p50")
@@ -53,11 +54,15 @@ def prepare(
     space = load_search_space(cfg, sources, pinned)
     cfg = with_params(cfg, space.fixed)
     check_config(cfg, space, sources)
-    backend = BACKENDS.get(str(cfg.deploy.backend))
-    reason = backend.unavailable_reason()
-    if reason:
-        raise ConfigError(f"Invalid config: key 'deploy.backend': '{backend.name}': {reason}")
     return Prepared(cfg, space)
+
+
+def deployment_backends(cfg: DictConfig, space: SearchSpace) -> list[str]:
+    """Every backend a trained model is deployed on: the searched choices, or the one set."""
+    distribution = space.distributions.get(BACKEND_KEY)
+    if isinstance(distribution, CategoricalDistribution):
+        return [str(choice) for choice in distribution.choices]
+    return [str(cfg.deploy.backend)]
 
 
 def _check_edits(factory: ModelFactory, prepared: Prepared) -> None:
@@ -71,20 +76,26 @@ def _check_edits(factory: ModelFactory, prepared: Prepared) -> None:
                 edit.apply(copy.deepcopy(model), value)
 
 
-def _create_study(cfg: DictConfig) -> optuna.Study:
-    storage = str(cfg.study.storage)
+def _create_study(
+    cfg: DictConfig, constraints: Constraints
+) -> tuple[optuna.Study, optuna.storages.BaseStorage]:
+    url = str(cfg.study.storage)
     try:
-        existing = optuna.get_all_study_names(storage)
+        storage = optuna.storages.get_storage(url)
+        existing = [s.study_name for s in storage.get_all_studies()]
     except Exception as exc:
         raise ConfigError(
-            f"Invalid config: key 'study.storage': cannot open {storage}: {exc}"
+            f"Invalid config: key 'study.storage': cannot open {url}: {exc}"
         ) from None
     resumed = str(cfg.study.name) in existing
     previous = 0
     if resumed:
-        previous = len(optuna.load_study(study_name=str(cfg.study.name), storage=storage).trials)
+        study_id = storage.get_study_id_from_name(str(cfg.study.name))
+        previous = len(storage.get_all_trials(study_id, deepcopy=False))
     # A resumed study must not replay the first invocation's random draws.
-    sampler = SAMPLERS.get(str(cfg.study.sampler))(int(cfg.study.seed) + previous)
+    sampler = SAMPLERS.get(str(cfg.study.sampler))(
+        int(cfg.study.seed) + previous, constraints_func if constraints.active else None
+    )
     study = optuna.create_study(
         study_name=str(cfg.study.name),
         storage=storage,
@@ -94,15 +105,15 @@ def _create_study(cfg: DictConfig) -> optuna.Study:
     )
     if study.directions != [optuna.study.StudyDirection[d.upper()] for d in DIRECTIONS]:
         raise ConfigError(
-            f"Invalid config: key 'study.name': study '{study.study_name}' in {storage} has "
+            f"Invalid config: key 'study.name': study '{study.study_name}' in {url} has "
             f"other objectives; choose another study.name"
         )
     study.set_metric_names(list(OBJECTIVES))
     state = "Resuming" if resumed else "Created"
     console.console.print(
-        f"{state} study '{study.study_name}' ({previous} earlier trials) in {storage}"
+        f"{state} study '{study.study_name}' ({previous} earlier trials) in {url}"
     )
-    return study
+    return study, storage
 
 
 def run_study(
@@ -131,7 +142,9 @@ def run_study(
         f"examples, labels {splits.label_names} ({splits.origin})"
     )
 
-    study = _create_study(cfg)
+    constraints = Constraints.from_config(cfg.study)
+    backends = deployment_backends(cfg, space)
+    study, storage = _create_study(cfg, constraints)
     tracker = Tracker(str(cfg.tracking.uri), str(cfg.tracking.experiment))
     parent_id = tracker.start_parent(
         study.study_name,
@@ -139,6 +152,9 @@ def run_study(
             "study.n_trials": cfg.study.n_trials,
             "study.sampler": cfg.study.sampler,
             "search_space": ", ".join(space.keys),
+            "deploy.backends": ", ".join(backends),
+            "study.max_accuracy_drop": constraints.max_accuracy_drop,
+            "study.latency_budget_ms": constraints.latency_budget_ms,
             **protocol.record(prefix="latency."),
         },
         OmegaConf.to_yaml(cfg),
@@ -146,6 +162,8 @@ def run_study(
     context = TrialContext(
         cfg=cfg,
         space=space,
+        backends=backends,
+        constraints=constraints,
         train_data=tokenize(tokenizer, splits.train, int(cfg.data.max_length)),
         val_data=tokenize(tokenizer, splits.val, int(cfg.data.max_length)),
         example=example_inputs(tokenizer, splits.val.texts, protocol),
@@ -154,10 +172,12 @@ def run_study(
         tracker=tracker,
         parent_run_id=parent_id,
         n_trials=int(cfg.study.n_trials),
+        storage=storage,
+        study_id=storage.get_study_id_from_name(study.study_name),
     )
 
     def publish(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
-        tracker.publish_front(parent_id, study.study_name, study_points(study))
+        tracker.publish_front(parent_id, study.study_name, study_points(study, constraints))
 
     try:
         study.optimize(
@@ -173,7 +193,7 @@ def run_study(
     except BaseException:
         tracker.fail(parent_id, "the study stopped on an error; see the terminal")
         raise
-    points = study_points(study)
+    points = study_points(study, constraints)
     tracker.finish(parent_id)
     failed = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,)))
     console.front_summary(study.study_name, points, failed)

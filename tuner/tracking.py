@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import socket
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +18,7 @@ from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
 
 from tuner.front import Point, front_table, plot_front
+from tuner.training import EpochResult
 
 # MLflow caps a param value at 6000 characters.
 _PARAM_LIMIT = 6000
@@ -51,24 +52,40 @@ class Tracker:
         self,
         parent_id: str,
         study_name: str,
-        trial_number: int,
+        trial_number: int | None,
         backend: str,
         params: Mapping[str, Any],
+        trained_in_trial: int,
     ) -> str:
-        run = self.client.create_run(
-            self.experiment_id,
-            run_name=f"trial-{trial_number}-{backend}",
-            tags={
-                "mlflow.parentRunId": parent_id,
-                "optuna.study": study_name,
-                "optuna.trial_number": str(trial_number),
-                "deploy.backend": backend,
-                "pareto": "false",
-                "tuner.role": "trial",
-            },
-        )
+        """A child run for one point; a point added after its trial gets its number later.
+
+        `trained_in_trial` names the trial whose training produced the model, shared by every
+        backend's point of that model.
+        """
+        tags = {
+            "mlflow.parentRunId": parent_id,
+            "optuna.study": study_name,
+            "deploy.backend": backend,
+            "pareto": "false",
+            "tuner.role": "trial",
+            "tuner.trained_in_trial": str(trained_in_trial),
+        }
+        run = self.client.create_run(self.experiment_id, tags=tags)
+        if trial_number is not None:
+            self.set_trial_number(run.info.run_id, trial_number)
         self.client.log_batch(run.info.run_id, params=_params(params))
         return run.info.run_id
+
+    def set_trial_number(self, run_id: str, trial_number: int) -> None:
+        backend = self.client.get_run(run_id).data.tags.get("deploy.backend", "")
+        self.client.set_tag(run_id, "optuna.trial_number", str(trial_number))
+        self.client.set_tag(run_id, "mlflow.runName", f"trial-{trial_number}-{backend}")
+
+    def replay_epochs(self, run_id: str, epochs: Sequence[EpochResult]) -> None:
+        """The per-epoch history of the training a point shares with its trial."""
+        for epoch in epochs:
+            metrics = {"train_loss": epoch.train_loss, "val_accuracy": epoch.val_accuracy}
+            self.log_metrics(run_id, metrics, step=epoch.epoch)
 
     def log_metrics(self, run_id: str, metrics: Mapping[str, float], step: int = 0) -> None:
         timestamp = mlflow.utils.time.get_current_time_millis()
@@ -96,19 +113,18 @@ class Tracker:
             plot_front(points, f"{study_name}: accuracy vs latency", directory / "front.png")
             for name in ("front.csv", "front.png"):
                 self.client.log_artifact(parent_id, str(directory / name), "pareto")
-        self._tag_pareto(study_name, {(p.trial_number, p.backend): p.pareto for p in points})
+        self._tag_pareto(study_name, {p.trial_number: p.pareto for p in points})
 
-    def _tag_pareto(self, study_name: str, on_front: Mapping[tuple[int, str], bool]) -> None:
+    def _tag_pareto(self, study_name: str, on_front: Mapping[int, bool]) -> None:
         runs = self.client.search_runs(
             [self.experiment_id],
             filter_string=f"tags.`optuna.study` = '{study_name}' and tags.`tuner.role` = 'trial'",
             max_results=50000,
         )
         for run in runs:
-            tags = run.data.tags
-            key = (int(tags["optuna.trial_number"]), tags.get("deploy.backend", ""))
-            wanted = "true" if on_front.get(key, False) else "false"
-            if tags.get("pareto") != wanted:
+            number = run.data.tags.get("optuna.trial_number")
+            wanted = "true" if number is not None and on_front.get(int(number), False) else "false"
+            if run.data.tags.get("pareto") != wanted:
                 self.client.set_tag(run.info.run_id, "pareto", wanted)
 
     def log_dict(self, run_id: str, values: Mapping[str, Any], path: str) -> None:

@@ -1,13 +1,17 @@
-"""One trial: sample, build, edit, initialise, train, validate, deploy, time, record."""
+"""One trial: sample, build, edit, initialise, train once, then deploy on every backend.
+
+The trial itself is the point of its sampled (or configured) backend. Each other listed backend
+becomes a point of its own: an Optuna trial added to the study with the same training params
+and that backend, so the sampler, the front and MLflow all see one point per
+(trained config, backend) while the model is trained only once.
+"""
 
 from __future__ import annotations
 
 import copy
 import json
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import optuna
@@ -19,18 +23,30 @@ from optuna.distributions import (
     FloatDistribution,
     IntDistribution,
 )
+from optuna.trial import TrialState
 from torch import nn
 
 from tuner import console
-from tuner.backends import BACKENDS, ExampleInputs
+from tuner.backends import ExampleInputs
 from tuner.config import with_params
+from tuner.constraints import (
+    CONSTRAINTS_ATTR,
+    CONSTRAINTS_KEY,
+    REFERENCE_ACCURACY_ATTR,
+    Constraints,
+    best_reference_accuracy,
+)
 from tuner.data.tokens import TokenizedTexts
+from tuner.deploy import BackendFailed, BackendResult, Reference, deploy_on, reference_of
 from tuner.edits import apply_edits
-from tuner.latency import LatencyProtocol, measure_latency
+from tuner.latency import LatencyProtocol
 from tuner.models import build_model
 from tuner.space import SearchSpace
 from tuner.tracking import Tracker
-from tuner.training import initialise_new_layers, train
+from tuner.training import TrainResult, initialise_new_layers, train
+
+BACKEND_KEY = "deploy.backend"
+TRAINED_IN_ATTR = "trained_in_trial"
 
 _SUGGEST = {
     FloatDistribution: lambda trial, name, d: trial.suggest_float(
@@ -61,10 +77,13 @@ class ModelFactory:
         self._model: nn.Module | None = None
 
     def build(self, model_cfg: DictConfig) -> nn.Module:
-        base = {
-            k: v for k, v in OmegaConf.to_container(model_cfg).items() if k not in self.edit_keys
-        }
-        key = json.dumps(base, sort_keys=True, default=str)
+        values = OmegaConf.to_container(model_cfg)
+        assert isinstance(values, dict)
+        key = json.dumps(
+            {k: v for k, v in values.items() if k not in self.edit_keys},
+            sort_keys=True,
+            default=str,
+        )
         if key != self._key or self._model is None:
             self._model = build_model(model_cfg, self.num_labels)
             self._key = key
@@ -77,6 +96,8 @@ class TrialContext:
 
     cfg: DictConfig
     space: SearchSpace
+    backends: list[str]
+    constraints: Constraints
     train_data: TokenizedTexts
     val_data: TokenizedTexts
     example: ExampleInputs
@@ -85,10 +106,30 @@ class TrialContext:
     tracker: Tracker
     parent_run_id: str
     n_trials: int
+    storage: optuna.storages.BaseStorage
+    study_id: int
+
+    def study_trials(self) -> list[optuna.trial.FrozenTrial]:
+        return self.storage.get_all_trials(self.study_id, deepcopy=False)
+
+    def add_trial(self, trial: optuna.trial.FrozenTrial) -> int:
+        """Add a finished trial to the study and return its number."""
+        trial_id = self.storage.create_new_trial(self.study_id, template_trial=trial)
+        return self.storage.get_trial_number_from_id(trial_id)
+
+
+@dataclass(frozen=True)
+class _Trained:
+    """A trained model, how it was trained, and its eager fp32 validation logits."""
+
+    model: nn.Module
+    params: dict[str, Any]
+    result: TrainResult
+    reference: Reference
 
 
 class Objective:
-    """Optuna's objective: returns (val_accuracy, latency_ms_p50) for one trial."""
+    """Optuna's objective: returns (val_accuracy, latency_ms_p50) of the trial's own point."""
 
     def __init__(self, context: TrialContext) -> None:
         self.context = context
@@ -99,51 +140,63 @@ class Objective:
         self.started += 1
         params = suggest(trial, ctx.space.distributions)
         cfg = with_params(ctx.cfg, params)
-        backend = str(cfg.deploy.backend)
-        trial.set_user_attr("deploy.backend", backend)
+        own_backend = str(cfg.deploy.backend)
         console.trial_header(self.started, ctx.n_trials, trial.number, params)
         run_id = ctx.tracker.start_trial(
             ctx.parent_run_id,
             str(cfg.study.name),
             trial.number,
-            backend,
-            {**ctx.space.fixed, **params, **ctx.protocol.record(prefix="latency.")},
+            own_backend,
+            self._logged_params(params, own_backend),
+            trained_in_trial=trial.number,
         )
         trial.set_user_attr("mlflow_run_id", run_id)
+        trial.set_user_attr(BACKEND_KEY, own_backend)
+        trial.set_user_attr(TRAINED_IN_ATTR, trial.number)
         try:
-            values = self._run(cfg, backend, run_id)
+            trained = self._train(cfg, params, run_id, trial)
+            results = self._deploy_everywhere(trained, own_backend, cfg)
         except KeyboardInterrupt:
             ctx.tracker.kill(run_id)
             raise
         except Exception as exc:
-            reason = f"{type(exc).__name__}: {exc}"
-            trial.set_user_attr("fail_reason", reason)
-            ctx.tracker.fail(run_id, reason)
-            console.trial_failed(trial.number, reason, exc)
+            self._fail(trial, run_id, exc)
             raise
-        for name in ("latency_ms_p95", "model_size_mb"):
-            trial.set_user_attr(name, values[name])
+        for backend, result in results.items():
+            if backend != own_backend:
+                self._add_point(trial, trained, result)
+        own = results[own_backend]
+        self._record(trial.set_user_attr, run_id, trained, own)
+        if own.error:
+            raise BackendFailed(f"backend {own_backend}: {own.error}")
         ctx.tracker.finish(run_id)
-        console.trial_result(values)
-        return values["val_accuracy"], values["latency_ms_p50"]
+        return own.val_accuracy, own.metrics()["latency_ms_p50"]
 
-    def _run(self, cfg: DictConfig, backend_name: str, run_id: str) -> dict[str, float]:
+    def _logged_params(self, params: Mapping[str, Any], backend: str) -> dict[str, Any]:
+        ctx = self.context
+        return {
+            **ctx.space.fixed,
+            **params,
+            BACKEND_KEY: backend,
+            **ctx.protocol.record(prefix="latency."),
+        }
+
+    def _train(
+        self, cfg: DictConfig, params: dict[str, Any], run_id: str, trial: optuna.Trial
+    ) -> _Trained:
         ctx = self.context
         torch.manual_seed(int(cfg.train.seed))
         model = ctx.factory.build(cfg.model)
         apply_edits(model, cfg.model)
         initialise_new_layers(model.new_layers(), str(cfg.train.init))
 
-        def log_epoch(result):
-            ctx.tracker.log_metrics(
-                run_id,
-                {"train_loss": result.train_loss, "val_accuracy": result.val_accuracy},
-                step=result.epoch,
-            )
+        def log_epoch(epoch) -> None:
+            metrics = {"train_loss": epoch.train_loss, "val_accuracy": epoch.val_accuracy}
+            ctx.tracker.log_metrics(run_id, metrics, step=epoch.epoch)
 
-        with console.training_progress("training") as progress:
+        with console.training_progress() as progress:
             task = progress.add_task("training", total=None)
-            trained = train(
+            result = train(
                 model,
                 ctx.train_data,
                 ctx.val_data,
@@ -151,19 +204,91 @@ class Objective:
                 on_step=lambda done, total: progress.update(task, completed=done, total=total),
                 on_epoch=log_epoch,
             )
-        with tempfile.TemporaryDirectory() as workdir:
-            deployed = BACKENDS.get(backend_name).convert(model, ctx.example, Path(workdir))
-            latency = measure_latency(deployed.logits_of, ctx.example, ctx.protocol)
-            size_mb = deployed.size_mb
-        values = {
-            "val_accuracy": trained.val_accuracy,
-            "latency_ms_p50": latency.p50_ms,
-            "latency_ms_p95": latency.p95_ms,
-            "model_size_mb": size_mb,
-            "train_seconds": trained.seconds,
-            "num_parameters": float(sum(p.numel() for p in model.parameters())),
+        reference = reference_of(model, ctx.val_data)
+        trial.set_user_attr(REFERENCE_ACCURACY_ATTR, reference.accuracy)
+        return _Trained(model, params, result, reference)
+
+    def _deploy_everywhere(
+        self, trained: _Trained, own_backend: str, cfg: DictConfig
+    ) -> dict[str, BackendResult]:
+        ctx = self.context
+        backends = [own_backend] + [b for b in ctx.backends if b != own_backend]
+        results = {}
+        for backend in backends:
+            result = deploy_on(
+                backend,
+                trained.model,
+                trained.reference,
+                ctx.val_data,
+                ctx.example,
+                ctx.protocol,
+                cfg.deploy,
+            )
+            console.backend_result(result)
+            results[backend] = result
+        return results
+
+    def _constraints(self, result: BackendResult) -> list[float]:
+        ctx = self.context
+        if not ctx.constraints.active or result.latency is None:
+            return []
+        best = best_reference_accuracy(ctx.study_trials())
+        return ctx.constraints.values(result.val_accuracy, result.latency.p50_ms, best)
+
+    def _record(self, set_attr, run_id: str, trained: _Trained, result: BackendResult) -> None:
+        """Metrics and attributes of one point, whether the trial's own or an added one."""
+        ctx = self.context
+        if result.error:
+            set_attr("fail_reason", f"backend {result.backend}: {result.error}")
+            ctx.tracker.fail(run_id, f"backend {result.backend}: {result.error}")
+            return
+        metrics = result.metrics()
+        for name in ("latency_ms_p95", "model_size_mb", "agreement_with_eager"):
+            set_attr(name, metrics[name])
+        set_attr(CONSTRAINTS_ATTR, self._constraints(result))
+        final = {**metrics, "train_seconds": trained.result.seconds}
+        ctx.tracker.log_metrics(run_id, final, step=len(trained.result.epochs))
+
+    def _add_point(self, trial: optuna.Trial, trained: _Trained, result: BackendResult) -> None:
+        """Another backend of the same trained model, as a trial of its own."""
+        ctx = self.context
+        params = {**trained.params, BACKEND_KEY: result.backend}
+        run_id = ctx.tracker.start_trial(
+            ctx.parent_run_id,
+            str(ctx.cfg.study.name),
+            None,
+            result.backend,
+            self._logged_params(params, result.backend),
+            trained_in_trial=trial.number,
+        )
+        ctx.tracker.replay_epochs(run_id, trained.result.epochs)
+        user_attrs: dict[str, Any] = {
+            "mlflow_run_id": run_id,
+            BACKEND_KEY: result.backend,
+            TRAINED_IN_ATTR: trial.number,
+            REFERENCE_ACCURACY_ATTR: trained.reference.accuracy,
         }
-        # val_accuracy is already logged once per epoch; its last value is the final one.
-        final = {k: v for k, v in values.items() if k != "val_accuracy"}
-        ctx.tracker.log_metrics(run_id, final, step=len(trained.epochs))
-        return values
+        self._record(user_attrs.__setitem__, run_id, trained, result)
+        distributions = {name: d for name, d in ctx.space.distributions.items() if name in params}
+        point = optuna.trial.create_trial(
+            state=TrialState.FAIL if result.error else TrialState.COMPLETE,
+            values=None
+            if result.error
+            else [result.val_accuracy, result.metrics()["latency_ms_p50"]],
+            params={name: params[name] for name in distributions},
+            distributions=distributions,
+            user_attrs=user_attrs,
+            system_attrs={}
+            if result.error or not ctx.constraints.active
+            else {CONSTRAINTS_KEY: tuple(user_attrs[CONSTRAINTS_ATTR])},
+        )
+        number = ctx.add_trial(point)
+        ctx.tracker.set_trial_number(run_id, number)
+        if not result.error:
+            ctx.tracker.finish(run_id)
+
+    def _fail(self, trial: optuna.Trial, run_id: str, exc: Exception) -> None:
+        reason = f"{type(exc).__name__}: {exc}"
+        trial.set_user_attr("fail_reason", reason)
+        self.context.tracker.fail(run_id, reason)
+        console.trial_failed(trial.number, reason, exc)

@@ -7,9 +7,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from omegaconf import DictConfig
 from torch import nn
 
 from tuner.registry import Registry
+
+Logits = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 @dataclass(frozen=True)
@@ -21,10 +24,23 @@ class ExampleInputs:
 
 
 @dataclass(frozen=True)
-class Deployed:
-    """A converted model: how to call it, and its serialised artifact."""
+class ConversionContext:
+    """What a conversion may use: example inputs, a scratch directory, the `deploy` config."""
 
-    logits_of: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    example: ExampleInputs
+    workdir: Path
+    deploy: DictConfig
+
+    @property
+    def num_threads(self) -> int:
+        return int(self.deploy.latency.num_threads)
+
+
+@dataclass(frozen=True)
+class Deployed:
+    """A converted model: how to call it, and the artifact one would ship."""
+
+    logits_of: Logits
     artifact: Path
 
     @property
@@ -37,12 +53,12 @@ class Backend:
     """A deployment target.
 
     Attributes:
-        convert: trained eager model, example inputs, work directory -> deployed model.
+        convert: trained eager fp32 model -> deployed model; must not modify the model.
         unavailable_reason: why this machine cannot run the backend, or None when it can.
     """
 
     name: str
-    convert: Callable[[nn.Module, ExampleInputs, Path], Deployed]
+    convert: Callable[[nn.Module, ConversionContext], Deployed]
     unavailable_reason: Callable[[], str | None] = lambda: None
 
 

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from safetensors.torch import save_model
 from torch import nn
 
-from tuner.backends.base import BACKENDS, Backend, Deployed, ExampleInputs
+from tuner.backends.base import BACKENDS, Backend, ConversionContext, Deployed
 
 
-def _convert(model: nn.Module, example: ExampleInputs, workdir: Path) -> Deployed:
+def _convert(model: nn.Module, ctx: ConversionContext) -> Deployed:
     model.eval()
-    artifact = workdir / "model.safetensors"
+    artifact = ctx.workdir / "model.safetensors"
     save_model(model, str(artifact))
     return Deployed(logits_of=model, artifact=artifact)
 

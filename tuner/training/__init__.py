@@ -3,7 +3,14 @@
 from __future__ import annotations
 
 from tuner.training.init_schemes import INIT_SCHEMES, initialise_new_layers
-from tuner.training.loop import EpochResult, TrainResult, evaluate, train
+from tuner.training.loop import (
+    EpochResult,
+    TrainResult,
+    accuracy,
+    collect_logits,
+    evaluate,
+    train,
+)
 from tuner.training.mixup import mixup
 from tuner.training.optim import OPTIMIZERS, build_optimizer
 
@@ -12,6 +19,8 @@ __all__ = [
     "OPTIMIZERS",
     "EpochResult",
     "TrainResult",
+    "accuracy",
+    "collect_logits",
     "build_optimizer",
     "evaluate",
     "initialise_new_layers",

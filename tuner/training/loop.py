@@ -37,13 +37,22 @@ class TrainResult:
 
 
 @torch.inference_mode()
+def collect_logits(logits_of: Logits, data: TokenizedTexts, batch_size: int = 64) -> torch.Tensor:
+    """Logits of any callable mapping (input_ids, attention_mask) to logits, in data order."""
+    outputs = [
+        logits_of(batch.input_ids, batch.attention_mask).float()
+        for batch in data.batches(batch_size)
+    ]
+    return torch.cat(outputs) if outputs else torch.empty(0, 0)
+
+
+def accuracy(logits: torch.Tensor, labels: torch.Tensor) -> float:
+    return float((logits.argmax(dim=-1) == labels).float().mean()) if len(labels) else 0.0
+
+
 def evaluate(logits_of: Logits, data: TokenizedTexts, batch_size: int = 64) -> float:
     """Accuracy of any callable mapping (input_ids, attention_mask) to logits."""
-    correct = 0
-    for batch in data.batches(batch_size):
-        logits = logits_of(batch.input_ids, batch.attention_mask)
-        correct += int((logits.argmax(dim=-1) == batch.labels).sum())
-    return correct / max(len(data), 1)
+    return accuracy(collect_logits(logits_of, data, batch_size), data.labels)
 
 
 def _linear_warmup_decay(total_steps: int, warmup_ratio: float) -> Callable[[int], float]:

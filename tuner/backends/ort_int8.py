@@ -1,0 +1,31 @@
+"""ONNX Runtime with its own dynamic int8 quantiser (MatMul weights in int8)."""
+
+from __future__ import annotations
+
+import logging
+
+from torch import nn
+
+from tuner.backends.base import BACKENDS, Backend, ConversionContext, Deployed
+from tuner.backends.onnx_export import export_onnx, onnxruntime_missing, session_logits
+
+
+def _convert(model: nn.Module, ctx: ConversionContext) -> Deployed:
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    fp32 = export_onnx(model, ctx, ctx.workdir / "model.fp32.onnx")
+    artifact = ctx.workdir / "model.int8.onnx"
+    root = logging.getLogger()
+    level = root.level
+    # The quantiser advises pre-processing through the root logger on every call.
+    root.setLevel(logging.ERROR)
+    try:
+        quantize_dynamic(str(fp32), str(artifact), weight_type=QuantType.QInt8)
+    finally:
+        root.setLevel(level)
+    return Deployed(logits_of=session_logits(artifact, ctx.num_threads), artifact=artifact)
+
+
+BACKENDS.register("onnxruntime_int8")(
+    Backend(name="onnxruntime_int8", convert=_convert, unavailable_reason=onnxruntime_missing)
+)
