@@ -23,6 +23,7 @@ TRAINING_PARAMS = {
     "train.init",
     "train.mixup_alpha",
     "model.ffn_width",
+    "model.num_layers",
 }
 BACKENDS = {"eager", "bf16", "int8_dynamic", "onnxruntime", "onnxruntime_int8"}
 METRICS = ("val_accuracy", "latency_ms_p50", "latency_ms_p95", "model_size_mb")

@@ -55,9 +55,9 @@ def test_search_space_file_parses_against_bert_ffn(space_file: Path):
 def test_debug_profile_wins_over_the_experiment_and_renames_the_study():
     plain = resolve(apply_debug(_compose("+experiment=bert_ffn")))
     smoke = resolve(apply_debug(_compose("+experiment=bert_ffn", "debug=smoke")))
-    assert plain.study.n_trials == 8 and smoke.study.n_trials == 2
+    assert plain.study.n_trials == 6 and smoke.study.n_trials == 2
     assert smoke.study.name == "bert_ffn-smoke"
-    assert smoke.model.random_init and smoke.model.config_overrides.num_hidden_layers == 2
+    assert smoke.model.random_init and smoke.model.config_overrides.num_hidden_layers == 6
     # Everything the profile does not name stays as the experiment set it.
     assert smoke.search_space == plain.search_space
     assert smoke.train.lr == plain.train.lr

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,7 +18,7 @@ import torch
 from omegaconf import DictConfig
 from torch import nn
 
-from tuner.backends import BACKENDS, ConversionContext, ExampleInputs
+from tuner.backends import BACKENDS, ConversionContext, Deployed, ExampleInputs
 from tuner.data.tokens import TokenizedTexts
 from tuner.latency import LatencyProtocol, LatencyResult, measure_latency
 from tuner.memory import track_peak_memory
@@ -71,6 +73,34 @@ def reference_of(model: nn.Module, val_data: TokenizedTexts) -> Reference:
     return Reference(collect_logits(model, val_data), val_data.labels)
 
 
+@contextmanager
+def converted(
+    backend_name: str, model: nn.Module, example: ExampleInputs, deploy_cfg: DictConfig
+) -> Iterator[tuple[Deployed, float]]:
+    """The model converted for one backend, and the seconds conversion took (compile or export
+    included); its artifact lives until the block ends."""
+    backend = BACKENDS.get(backend_name)
+    reason = backend.unavailable_reason()
+    if reason:
+        raise BackendFailed(f"unavailable on this machine: {reason}")
+    with tempfile.TemporaryDirectory() as workdir:
+        started = time.perf_counter()
+        deployed = backend.convert(model, ConversionContext(example, Path(workdir), deploy_cfg))
+        yield deployed, time.perf_counter() - started
+
+
+def check_outputs(logits: torch.Tensor, reference: Reference) -> dict[str, float]:
+    """Accuracy and agreement with eager of a backend's validation logits; NaN/Inf fail."""
+    if not torch.isfinite(logits).all():
+        bad = int((~torch.isfinite(logits)).any(dim=-1).sum())
+        raise BackendFailed(f"non-finite outputs (NaN/Inf) on {bad} of {len(logits)} examples")
+    return {
+        "val_accuracy": accuracy(logits, reference.labels),
+        "agreement": float((logits.argmax(-1) == reference.logits.argmax(-1)).float().mean()),
+        "max_logit_diff": float((logits - reference.logits).abs().max()),
+    }
+
+
 def deploy_on(
     backend_name: str,
     model: nn.Module,
@@ -82,41 +112,20 @@ def deploy_on(
 ) -> BackendResult:
     """Convert, check and time `model` on one backend; failures come back as `error`."""
     try:
-        return _deploy(backend_name, model, reference, val_data, example, protocol, deploy_cfg)
+        with (
+            track_peak_memory() as memory,
+            converted(backend_name, model, example, deploy_cfg) as (deployed, seconds),
+        ):
+            checks = check_outputs(collect_logits(deployed.logits_of, val_data), reference)
+            latency = measure_latency(deployed.logits_of, example, protocol)
+            size_mb = deployed.size_mb
     except Exception as exc:  # any backend failure stays on this point
         return BackendResult(backend_name, error=f"{type(exc).__name__}: {exc}".strip())
-
-
-def _deploy(
-    backend_name: str,
-    model: nn.Module,
-    reference: Reference,
-    val_data: TokenizedTexts,
-    example: ExampleInputs,
-    protocol: LatencyProtocol,
-    deploy_cfg: DictConfig,
-) -> BackendResult:
-    backend = BACKENDS.get(backend_name)
-    reason = backend.unavailable_reason()
-    if reason:
-        raise BackendFailed(f"unavailable on this machine: {reason}")
-    with tempfile.TemporaryDirectory() as workdir, track_peak_memory() as memory:
-        started = time.perf_counter()
-        deployed = backend.convert(model, ConversionContext(example, Path(workdir), deploy_cfg))
-        convert_seconds = time.perf_counter() - started
-        logits = collect_logits(deployed.logits_of, val_data)
-        if not torch.isfinite(logits).all():
-            bad = int((~torch.isfinite(logits)).any(dim=-1).sum())
-            raise BackendFailed(f"non-finite outputs (NaN/Inf) on {bad} of {len(logits)} examples")
-        latency = measure_latency(deployed.logits_of, example, protocol)
-        size_mb = deployed.size_mb
     return BackendResult(
         backend=backend_name,
-        val_accuracy=accuracy(logits, reference.labels),
-        agreement=float((logits.argmax(-1) == reference.logits.argmax(-1)).float().mean()),
-        max_logit_diff=float((logits - reference.logits).abs().max()),
         latency=latency,
         model_size_mb=size_mb,
-        convert_seconds=convert_seconds,
+        convert_seconds=seconds,
         peak_memory_mb=memory.growth_mb,
+        **checks,
     )

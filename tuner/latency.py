@@ -11,7 +11,7 @@ import platform
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from functools import cache
 from pathlib import Path
 
@@ -47,6 +47,7 @@ class LatencyResult:
     mean_ms: float
     min_ms: float
     max_ms: float
+    samples_ms: list[float] = field(default_factory=list, repr=False)
 
 
 @cache
@@ -102,4 +103,5 @@ def measure_latency(
         mean_ms=float(values.mean()),
         min_ms=float(values.min()),
         max_ms=float(values.max()),
+        samples_ms=timings,
     )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from tuner.edits.base import EDITS, Edit, apply_edits
 
-# Importing the module registers its edit.
-from tuner.edits import ffn_width  # noqa: E402,F401  isort: skip
+# Importing the modules registers their edits.
+from tuner.edits import depth, ffn_width  # noqa: E402,F401  isort: skip
 
 __all__ = ["EDITS", "Edit", "apply_edits"]
