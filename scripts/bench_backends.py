@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import math
 import statistics
 import sys
 from contextlib import ExitStack
@@ -134,13 +135,19 @@ def main() -> int:
         p50, p95 = float(np.median(pooled)), float(np.percentile(pooled, 95))
         print(
             f"| {name} | {p50:.2f} | {p95:.2f} | {min(medians):.2f}-{max(medians):.2f} | "
-            f"{baseline_p50 / p50:.2f}x | {row['size_mb']:.1f} | "
-            f"{row.get('agreement', 1.0):.1%} | {row.get('max_logit_diff', 0.0):.3g} | "
-            f"{row.get('val_accuracy', float('nan')):.3f} | {row.get('convert_s', 0.0):.1f} |"
+            f"{baseline_p50 / p50:.2f}x | {_cell(row, 'size_mb', '.1f')} | "
+            f"{_cell(row, 'agreement', '.1%')} | {_cell(row, 'max_logit_diff', '.3g')} | "
+            f"{_cell(row, 'val_accuracy', '.3f')} | {_cell(row, 'convert_s', '.1f')} |"
         )
     if args.study:
         compare_front(args, baseline_p50)
     return 0
+
+
+def _cell(row: dict, key: str, spec: str) -> str:
+    """A table cell; the full-width baseline is only timed, so it has no other figures."""
+    value = row.get(key, float("nan"))
+    return "-" if math.isnan(value) else format(value, spec)
 
 
 def round_latencies(logits_of, example, protocol: LatencyProtocol) -> list[float]:
