@@ -89,3 +89,11 @@ def test_empty_study_has_an_empty_front(tmp_path):
     points = study_points(_study([]))
     assert points == [] and front_table(points).empty
     plot_front(points, "front", tmp_path / "front.png")
+
+
+def test_front_is_read_against_the_most_accurate_eager_point():
+    from tuner.console import most_accurate_eager
+
+    points = study_points(_study([*POINTS, ("eager", 0.84, 21.0, 0.84)]))
+    assert most_accurate_eager(points).trial_number == 4  # as accurate as #2, and faster
+    assert most_accurate_eager([p for p in points if p.backend != "eager"]) is None

@@ -114,19 +114,40 @@ def front_summary(study_name: str, points: list[Point], failed: int) -> None:
     if not front:
         console.print(f"Study '{study_name}' has no complete trial yet.")
         return
+    baseline = most_accurate_eager(points)
     table = Table(title=f"Pareto front of '{study_name}' ({len(front)} of {len(points)} points)")
-    for column in ("trial", "backend", "val_accuracy", "p50 ms", "p95 ms", "size MB"):
+    columns = ["trial", "backend", "val_accuracy", "p50 ms", "p95 ms", "size MB"]
+    if baseline:
+        columns.append(f"vs eager #{baseline.trial_number}")
+    for column in columns:
         table.add_column(column, no_wrap=True)
     table.add_column("params", overflow="fold")
     for p in front:
         params = ", ".join(f"{key}={_short(value)}" for key, value in p.params.items())
-        table.add_row(
+        row = [
             str(p.trial_number),
             p.backend,
             f"{p.val_accuracy:.4f}",
             f"{p.latency_ms_p50:.2f}",
             f"{p.latency_ms_p95:.2f}",
             f"{p.model_size_mb:.1f}",
-            params,
-        )
+        ]
+        if baseline:
+            row.append(
+                f"{baseline.latency_ms_p50 / p.latency_ms_p50:.2f}x, "
+                f"{100 * (p.val_accuracy - baseline.val_accuracy):+.1f} pts"
+            )
+        table.add_row(*row, params)
     console.print(table)
+    if baseline:
+        console.print(
+            f"Speed-ups and accuracy differences are against the most accurate eager fp32 point "
+            f"(#{baseline.trial_number}: {baseline.val_accuracy:.4f}, "
+            f"{baseline.latency_ms_p50:.2f} ms)."
+        )
+
+
+def most_accurate_eager(points: list[Point]) -> Point | None:
+    """The reference a front is read against: the best eager fp32 point, faster on ties."""
+    eager = [p for p in points if p.backend == "eager"]
+    return min(eager, key=lambda p: (-p.val_accuracy, p.latency_ms_p50), default=None)

@@ -1,17 +1,17 @@
-"""Operator backends a trained model is deployed on: a registry, one module per backend."""
+"""Operator backends a trained model is deployed on: a registry, one module per backend.
+
+Every module of this package is imported here, so a new backend is one new file that registers
+itself with `BACKENDS.register(name)(Backend(...))`.
+"""
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
+
 from tuner.backends.base import BACKENDS, Backend, ConversionContext, Deployed, ExampleInputs
 
-# Importing the modules registers their backends.
-from tuner.backends import (  # noqa: E402,F401  isort: skip
-    bf16,
-    compiled,
-    eager,
-    int8_dynamic,
-    ort_fp32,
-    ort_int8,
-)
+for _module in pkgutil.iter_modules(__path__):
+    importlib.import_module(f"{__name__}.{_module.name}")
 
 __all__ = ["BACKENDS", "Backend", "ConversionContext", "Deployed", "ExampleInputs"]
