@@ -44,6 +44,9 @@ def test_training_learns_and_reports_every_epoch(tiny_bert):
     assert [e.epoch for e in epochs] == [1, 2, 3]
     assert epochs[-1].train_loss < epochs[0].train_loss
     assert result.val_accuracy == evaluate(tiny_bert, data) > 0.9
+    # The final validation logits are kept for deployment's comparisons.
+    assert result.val_logits.shape == (64, 2)
+    assert torch.allclose(result.val_logits, tiny_bert(data.input_ids, data.attention_mask))
 
 
 def test_mixup_and_clipping_train_too(tiny_bert):

@@ -6,7 +6,6 @@ is closed with the right status: FINISHED, FAILED with a `failure_reason` tag, o
 
 from __future__ import annotations
 
-import json
 import socket
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -92,9 +91,6 @@ class Tracker:
         batch = [Metric(key, float(value), timestamp, step) for key, value in metrics.items()]
         self.client.log_batch(run_id, metrics=batch)
 
-    def log_params(self, run_id: str, params: Mapping[str, Any]) -> None:
-        self.client.log_batch(run_id, params=_params(params))
-
     def finish(self, run_id: str) -> None:
         self.client.set_terminated(run_id, "FINISHED")
 
@@ -126,6 +122,3 @@ class Tracker:
             wanted = "true" if number is not None and on_front.get(int(number), False) else "false"
             if run.data.tags.get("pareto") != wanted:
                 self.client.set_tag(run.info.run_id, "pareto", wanted)
-
-    def log_dict(self, run_id: str, values: Mapping[str, Any], path: str) -> None:
-        self.client.log_text(run_id, json.dumps(values, indent=2, default=str), path)

@@ -37,7 +37,7 @@ from tuner.constraints import (
     best_reference_accuracy,
 )
 from tuner.data.tokens import TokenizedTexts
-from tuner.deploy import BackendFailed, BackendResult, Reference, deploy_on, reference_of
+from tuner.deploy import BackendFailed, BackendResult, Reference, deploy_on
 from tuner.edits import apply_edits
 from tuner.latency import LatencyProtocol
 from tuner.models import build_model
@@ -204,7 +204,7 @@ class Objective:
                 on_step=lambda done, total: progress.update(task, completed=done, total=total),
                 on_epoch=log_epoch,
             )
-        reference = reference_of(model, ctx.val_data)
+        reference = Reference(result.val_logits, ctx.val_data.labels)
         trial.set_user_attr(REFERENCE_ACCURACY_ATTR, reference.accuracy)
         return _Trained(model, params, result, reference)
 

@@ -30,6 +30,8 @@ class EpochResult:
 class TrainResult:
     epochs: list[EpochResult] = field(default_factory=list)
     seconds: float = 0.0
+    # The trained model's validation logits, kept so deployment need not compute them again.
+    val_logits: torch.Tensor | None = None
 
     @property
     def val_accuracy(self) -> float:
@@ -107,7 +109,10 @@ def train(
             step += 1
             on_step(step, total_steps)
         model.eval()
-        epoch_result = EpochResult(epoch, loss_sum / steps_per_epoch, evaluate(model, val_data))
+        result.val_logits = collect_logits(model, val_data)
+        epoch_result = EpochResult(
+            epoch, loss_sum / steps_per_epoch, accuracy(result.val_logits, val_data.labels)
+        )
         result.epochs.append(epoch_result)
         on_epoch(epoch_result)
     result.seconds = time.perf_counter() - started
