@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -126,6 +127,8 @@ class _Trained:
     params: dict[str, Any]
     result: TrainResult
     reference: Reference
+    # The best eager accuracy in the study once this model exists, for the accuracy constraint.
+    best_reference_accuracy: float
 
 
 class Objective:
@@ -206,7 +209,9 @@ class Objective:
             )
         reference = Reference(result.val_logits, ctx.val_data.labels)
         trial.set_user_attr(REFERENCE_ACCURACY_ATTR, reference.accuracy)
-        return _Trained(model, params, result, reference)
+        # Read once per trained model: every backend's point is judged against the same best.
+        best = best_reference_accuracy(ctx.study_trials()) if ctx.constraints.active else math.nan
+        return _Trained(model, params, result, reference, best)
 
     def _deploy_everywhere(
         self, trained: _Trained, own_backend: str, cfg: DictConfig
@@ -228,24 +233,21 @@ class Objective:
             results[backend] = result
         return results
 
-    def _constraints(self, result: BackendResult) -> list[float]:
-        ctx = self.context
-        if not ctx.constraints.active or result.latency is None:
-            return []
-        best = best_reference_accuracy(ctx.study_trials())
-        return ctx.constraints.values(result.val_accuracy, result.latency.p50_ms, best)
-
     def _record(self, set_attr, run_id: str, trained: _Trained, result: BackendResult) -> None:
         """Metrics and attributes of one point, whether the trial's own or an added one."""
         ctx = self.context
         if result.error:
-            set_attr("fail_reason", f"backend {result.backend}: {result.error}")
-            ctx.tracker.fail(run_id, f"backend {result.backend}: {result.error}")
+            reason = f"backend {result.backend}: {result.error}"
+            set_attr("fail_reason", reason)
+            ctx.tracker.fail(run_id, reason)
             return
         metrics = result.metrics()
         for name in ("latency_ms_p95", "model_size_mb", "agreement_with_eager"):
             set_attr(name, metrics[name])
-        set_attr(CONSTRAINTS_ATTR, self._constraints(result))
+        constraints = ctx.constraints.values(
+            result.val_accuracy, metrics["latency_ms_p50"], trained.best_reference_accuracy
+        )
+        set_attr(CONSTRAINTS_ATTR, constraints)
         final = {**metrics, "train_seconds": trained.result.seconds}
         ctx.tracker.log_metrics(run_id, final, step=len(trained.result.epochs))
 
