@@ -18,7 +18,8 @@ import copy
 import math
 import statistics
 import sys
-from contextlib import ExitStack
+import tempfile
+from pathlib import Path
 
 import numpy as np
 import optuna
@@ -31,7 +32,7 @@ from tuner.config import CONF_DIR
 from tuner.console import quiet_libraries
 from tuner.data import load_splits
 from tuner.data.tokens import tokenize
-from tuner.deploy import check_outputs, converted, reference_of
+from tuner.deploy import check_outputs, convert, reference_of
 from tuner.edits.ffn_width import shrink_ffn
 from tuner.front import study_points
 from tuner.latency import LatencyProtocol, cpu_model, example_inputs, measure_latency
@@ -91,23 +92,21 @@ def main() -> int:
     deploy_cfg.latency.num_threads = args.threads
 
     rows: dict[str, dict] = {BASELINE: {"logits_of": full, "size_mb": float("nan")}}
-    with ExitStack() as stack:
+    with tempfile.TemporaryDirectory() as workdir:
         for name in args.backends:
             try:
-                deployed, seconds = stack.enter_context(
-                    converted(name, edited, example, deploy_cfg)
-                )
-                checks = check_outputs(collect_logits(deployed.logits_of, val), reference)
+                converted = convert(name, edited, example, deploy_cfg, Path(workdir) / name)
+                checks = check_outputs(collect_logits(converted.logits_of, val), reference)
             except Exception as exc:  # an unavailable or failing backend is reported, not fatal
                 print(f"{name}: {type(exc).__name__}: {exc}", file=sys.stderr)
                 continue
             rows[name] = {
-                "logits_of": deployed.logits_of,
-                "size_mb": deployed.size_mb,
-                "convert_s": seconds,
+                "logits_of": converted.logits_of,
+                "size_mb": converted.size_mb,
+                "convert_s": converted.seconds,
                 **checks,
             }
-            print(f"converted {name} in {seconds:.1f} s", file=sys.stderr)
+            print(f"converted {name} in {converted.seconds:.1f} s", file=sys.stderr)
         timings: dict[str, list[list[float]]] = {name: [] for name in rows}
         for round_index in range(args.rounds):
             for name, row in rows.items():

@@ -9,7 +9,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from tuner.backends import BACKENDS, Backend, Deployed, ExampleInputs
+from tuner.backends import BACKENDS, Backend, ExampleInputs
 from tuner.data.tokens import TokenizedTexts
 from tuner.deploy import deploy_on, reference_of
 from tuner.latency import LatencyProtocol
@@ -43,16 +43,22 @@ def _example(data: TokenizedTexts) -> ExampleInputs:
     return ExampleInputs(data.input_ids[:1], data.attention_mask[:1])
 
 
+def _deploy(name, model, data, workdir, deploy=DEPLOY):
+    """Deploy `model` on one backend, compared with its own eager logits on `data`."""
+    reference = reference_of(model, data)
+    return deploy_on(name, model, reference, data, _example(data), PROTOCOL, deploy, workdir)
+
+
 def test_every_backend_states_a_tolerance():
     assert set(BACKENDS.names()) <= set(TOLERANCE)
 
 
 @pytest.mark.parametrize("name", BACKENDS.names())
-def test_backend_contract(name, tiny_bert, val_data):
+def test_backend_contract(name, tiny_bert, val_data, tmp_path):
     backend = BACKENDS.get(name)
     reference = reference_of(tiny_bert, val_data)
     before = {k: v.clone() for k, v in tiny_bert.state_dict().items()}
-    result = deploy_on(name, tiny_bert, reference, val_data, _example(val_data), PROTOCOL, DEPLOY)
+    result = _deploy(name, tiny_bert, val_data, tmp_path)
     reason = backend.unavailable_reason()
     if reason is not None:
         assert isinstance(reason, str) and reason
@@ -66,18 +72,23 @@ def test_backend_contract(name, tiny_bert, val_data):
     )
     assert result.latency is not None and 0 < result.latency.p50_ms <= result.latency.p95_ms
     assert result.model_size_mb > 0 and result.convert_seconds >= 0
+    # The measured model is the shipped artifact: loading it again gives the same logits.
+    assert result.artifact is not None and result.artifact.parent == tmp_path
+    reloaded = backend.load(result.artifact, DEPLOY)
+    batch = next(val_data.batches(8))
+    with torch.inference_mode():
+        again = reloaded(batch.input_ids, batch.attention_mask)
+    expected = reference.logits[:8]
+    assert (again - expected).abs().max() <= TOLERANCE[name] + 1e-6
     assert math.isfinite(result.peak_memory_mb)
     # Converting never changes the trained model.
     for key, value in tiny_bert.state_dict().items():
         assert torch.equal(value, before[key]), key
 
 
-def test_int8_backends_make_smaller_artifacts(tiny_bert, val_data):
-    reference = reference_of(tiny_bert, val_data)
+def test_int8_backends_make_smaller_artifacts(tiny_bert, val_data, tmp_path):
     sizes = {
-        name: deploy_on(
-            name, tiny_bert, reference, val_data, _example(val_data), PROTOCOL, DEPLOY
-        ).model_size_mb
+        name: _deploy(name, tiny_bert, val_data, tmp_path / name).model_size_mb
         for name in ("eager", "int8_dynamic", "onnxruntime", "onnxruntime_int8")
     }
     assert sizes["int8_dynamic"] < sizes["eager"]
@@ -85,31 +96,28 @@ def test_int8_backends_make_smaller_artifacts(tiny_bert, val_data):
 
 
 def test_non_finite_outputs_fail_the_point(tiny_bert, val_data, monkeypatch, tmp_path):
-    def overflowing(model, ctx):
+    def export(model, ctx):
+        artifact = ctx.workdir / "model.bin"
+        artifact.write_bytes(b"0")
+        return artifact
+
+    def load(artifact, deploy):
         # What a half-precision overflow looks like from outside: inf and NaN logits.
         def logits_of(input_ids, attention_mask):
-            logits = model(input_ids, attention_mask)
+            logits = tiny_bert(input_ids, attention_mask)
             logits[0, 0] = float("inf")
             return logits
 
-        artifact = tmp_path / "model.bin"
-        artifact.write_bytes(b"0")
-        return Deployed(logits_of=logits_of, artifact=artifact)
+        return logits_of
 
-    monkeypatch.setitem(BACKENDS._entries, "overflowing", Backend("overflowing", overflowing))
-    reference = reference_of(tiny_bert, val_data)
-    result = deploy_on(
-        "overflowing", tiny_bert, reference, val_data, _example(val_data), PROTOCOL, DEPLOY
-    )
+    monkeypatch.setitem(BACKENDS._entries, "overflowing", Backend("overflowing", export, load))
+    result = _deploy("overflowing", tiny_bert, val_data, tmp_path)
     assert result.error is not None
     assert "non-finite outputs (NaN/Inf) on 1 of 48 examples" in result.error
 
 
-def test_export_error_is_kept_on_the_point(tiny_bert, val_data):
+def test_export_error_is_kept_on_the_point(tiny_bert, val_data, tmp_path):
     broken = OmegaConf.merge(DEPLOY, {"onnx": {"opset": 1}})
-    reference = reference_of(tiny_bert, val_data)
-    result = deploy_on(
-        "onnxruntime", tiny_bert, reference, val_data, _example(val_data), PROTOCOL, broken
-    )
+    result = _deploy("onnxruntime", tiny_bert, val_data, tmp_path, broken)
     assert result.error is not None and "opset" in result.error.lower()
     assert result.latency is None

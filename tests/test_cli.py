@@ -95,7 +95,7 @@ def test_smoke_study_end_to_end_and_resume(tmp_path):
     parent = parents[0]
     assert parent.info.status == "FINISHED"
     artifacts = {a.path for a in client.list_artifacts(parent.info.run_id, "pareto")}
-    assert artifacts == {"pareto/front.csv", "pareto/front.png"}
+    assert artifacts == {"pareto/front.csv", "pareto/front.png", "pareto/front.html"}
     front_csv = client.download_artifacts(parent.info.run_id, "pareto/front.csv", str(tmp_path))
     header = open(front_csv).readline().strip().split(",")
     assert header[:7] == ["trial", "backend", *METRICS, "trained_in_trial"]

@@ -5,7 +5,8 @@ import pytest
 from optuna.distributions import CategoricalDistribution
 
 from tuner.constraints import Constraints
-from tuner.front import front_table, plot_front, study_points
+from tuner.front import front_table, study_points
+from tuner.front_plots import plot_front_html, plot_front_png
 
 BACKEND = {"deploy.backend": CategoricalDistribution(("eager", "int8_dynamic"))}
 
@@ -81,14 +82,27 @@ def test_table_and_plot(tmp_path):
         "model_size_mb",
         "trained_in_trial",
     ]
-    plot_front(points, "front", tmp_path / "front.png")
+    plot_front_png(points, "front", tmp_path / "front.png")
     assert (tmp_path / "front.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_interactive_plot_shows_every_point_with_its_status(tmp_path):
+    points = study_points(_study(POINTS), Constraints(max_accuracy_drop=0.035))
+    plot_front_html(points, "front", tmp_path / "front.html")
+    page = (tmp_path / "front.html").read_text()
+    # Self-contained: plotly.js is inlined, nothing is fetched from a CDN.
+    assert '<script src="http' not in page and "Plotly.newPlot" in page
+    for number, status in enumerate(["infeasible", "infeasible", "pareto", "pareto"]):
+        assert f"trial {number} ({status})" in page
+    assert '"name":"eager"' in page and '"name":"int8_dynamic"' in page
+    assert '"name":"Pareto front"' in page
 
 
 def test_empty_study_has_an_empty_front(tmp_path):
     points = study_points(_study([]))
     assert points == [] and front_table(points).empty
-    plot_front(points, "front", tmp_path / "front.png")
+    plot_front_png(points, "front", tmp_path / "front.png")
+    plot_front_html(points, "front", tmp_path / "front.html")
 
 
 def test_front_is_read_against_the_most_accurate_eager_point():

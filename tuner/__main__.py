@@ -7,7 +7,6 @@ from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
-from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig
 
 from tuner.config import CONF_DIR, register_resolvers, search_space_sources
@@ -23,12 +22,11 @@ def main(cfg: DictConfig) -> None:
     hydra_cfg = HydraConfig.get()
     runtime = hydra_cfg.runtime
     roots = [Path(s.path) for s in runtime.config_sources if s.schema == "file"]
-    overrides = OverridesParser.create().parse_overrides(list(hydra_cfg.overrides.task))
     try:
         run_study(
             cfg,
             sources=search_space_sources(runtime.choices.get("experiment"), roots),
-            pinned={override.key_or_group for override in overrides},
+            overrides=list(hydra_cfg.overrides.task),
         )
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)

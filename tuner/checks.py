@@ -50,6 +50,11 @@ OPTIONAL_NON_NEGATIVE: Rule = (
     "must be a number >= 0, or null for no limit",
 )
 
+OPTIONAL_POSITIVE: Rule = (
+    lambda v: v is None or (_number(v) and v > 0),
+    "must be a number > 0, or null to fix it from the first trial",
+)
+
 VALUE_RULES: dict[str, Rule] = {
     "train.lr": POSITIVE,
     "train.weight_decay": NON_NEGATIVE,
@@ -62,6 +67,8 @@ VALUE_RULES: dict[str, Rule] = {
     "study.n_trials": POSITIVE_INT,
     "study.max_accuracy_drop": OPTIONAL_NON_NEGATIVE,
     "study.latency_budget_ms": OPTIONAL_NON_NEGATIVE,
+    "study.hypervolume_reference.val_accuracy": FRACTION,
+    "study.hypervolume_reference.latency_ms_p50": OPTIONAL_POSITIVE,
     "deploy.onnx.opset": POSITIVE_INT,
     "deploy.latency.batch_size": POSITIVE_INT,
     "deploy.latency.seq_len": POSITIVE_INT,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,20 @@ def register_resolvers() -> None:
         OmegaConf.register_new_resolver("tuner_root", lambda: ROOT.as_posix())
 
 
+def compose_config(overrides: Sequence[str]) -> DictConfig:
+    """The config `python -m tuner OVERRIDES` would run with, composed without starting a job
+    (for tools that read a study, such as `python -m tuner.report`)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+
+    register_resolvers()
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            return compose(config_name="config", overrides=list(overrides))
+    except HydraException as exc:
+        raise ConfigError(f"Invalid overrides {' '.join(overrides)}: {exc}") from None
+
+
 def apply_debug(cfg: DictConfig) -> DictConfig:
     """Lay the selected debug profile (e.g. `debug=smoke`) over the composed config.
 
@@ -43,6 +57,21 @@ def apply_debug(cfg: DictConfig) -> DictConfig:
     if suffix and not str(merged.study.name).endswith(suffix):
         merged.study.name = f"{merged.study.name}{suffix}"
     return merged
+
+
+def debug_profile_keys(cfg: DictConfig) -> set[str]:
+    """The dotted keys the selected debug profile sets (empty without one)."""
+    debug = cfg.get("debug")
+    overrides = OmegaConf.to_container(debug.get("overrides") or {}) if debug else {}
+
+    def leaves(node: Any, prefix: str) -> Iterator[str]:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                yield from leaves(value, f"{prefix}{key}.")
+        else:
+            yield prefix.rstrip(".")
+
+    return set(leaves(overrides, ""))
 
 
 def resolve(cfg: DictConfig) -> DictConfig:

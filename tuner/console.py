@@ -35,6 +35,7 @@ console = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isat
 def quiet_libraries() -> None:
     """Silence reports users cannot act on: weight-loading tables, progress bars, migrations."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     import optuna
     import transformers
 
@@ -80,6 +81,10 @@ def trial_failed(trial_number: int, reason: str, error: BaseException) -> None:
     if not isinstance(error, TrialFailed):
         # Unexpected: keep the traceback, which Optuna's own report of it would have shown.
         print("".join(traceback.format_exception(error)), file=sys.stderr)
+
+
+def model_not_logged(backend: str, reason: str) -> None:
+    console.print(f"  [yellow]{backend}: point kept, but its model was not logged:[/] {reason}")
 
 
 class _WithoutFailedTrialReports(logging.Filter):
@@ -145,6 +150,15 @@ def front_summary(study_name: str, points: list[Point], failed: int) -> None:
             f"(#{baseline.trial_number}: {baseline.val_accuracy:.4f}, "
             f"{baseline.latency_ms_p50:.2f} ms)."
         )
+
+
+def recommendation(point: Point, rule: str) -> None:
+    params = ", ".join(f"{key}={_short(value)}" for key, value in point.params.items())
+    console.print(
+        f"[bold]Recommended: trial #{point.trial_number}[/] ({rule}): {point.backend}, "
+        f"val_accuracy {point.val_accuracy:.4f}, p50 {point.latency_ms_p50:.2f} ms "
+        f"(p95 {point.latency_ms_p95:.2f}), {point.model_size_mb:.1f} MB\n  {params}"
+    )
 
 
 def most_accurate_eager(points: list[Point]) -> Point | None:

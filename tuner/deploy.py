@@ -7,10 +7,7 @@ NaN/Inf outputs fail the point. Any error is kept on the point; the other backen
 
 from __future__ import annotations
 
-import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,7 +15,7 @@ import torch
 from omegaconf import DictConfig
 from torch import nn
 
-from tuner.backends import BACKENDS, ConversionContext, Deployed, ExampleInputs
+from tuner.backends import BACKENDS, ConversionContext, ExampleInputs, Logits
 from tuner.data.tokens import TokenizedTexts
 from tuner.latency import LatencyProtocol, LatencyResult, measure_latency
 from tuner.memory import track_peak_memory
@@ -51,6 +48,8 @@ class BackendResult:
     model_size_mb: float = float("nan")
     convert_seconds: float = float("nan")
     peak_memory_mb: float = float("nan")
+    # The file one would ship; it lives in the deployment's working directory.
+    artifact: Path | None = None
     error: str | None = None
 
     def metrics(self) -> dict[str, float]:
@@ -73,20 +72,40 @@ def reference_of(model: nn.Module, val_data: TokenizedTexts) -> Reference:
     return Reference(collect_logits(model, val_data), val_data.labels)
 
 
-@contextmanager
-def converted(
-    backend_name: str, model: nn.Module, example: ExampleInputs, deploy_cfg: DictConfig
-) -> Iterator[tuple[Deployed, float]]:
-    """The model converted for one backend, and the seconds conversion took (compile or export
-    included); its artifact lives until the block ends."""
+@dataclass(frozen=True)
+class Converted:
+    logits_of: Logits
+    artifact: Path
+    seconds: float
+
+    @property
+    def size_mb(self) -> float:
+        return self.artifact.stat().st_size / 1e6
+
+
+def convert(
+    backend_name: str,
+    model: nn.Module,
+    example: ExampleInputs,
+    deploy_cfg: DictConfig,
+    workdir: Path,
+) -> Converted:
+    """Export the model's artifact into `workdir`, load it back, and call it once.
+
+    The first call is part of conversion: it is where torch.compile compiles and ONNX Runtime
+    plans its memory, costs a deployment pays once and not per request.
+    """
     backend = BACKENDS.get(backend_name)
     reason = backend.unavailable_reason()
     if reason:
         raise BackendFailed(f"unavailable on this machine: {reason}")
-    with tempfile.TemporaryDirectory() as workdir:
-        started = time.perf_counter()
-        deployed = backend.convert(model, ConversionContext(example, Path(workdir), deploy_cfg))
-        yield deployed, time.perf_counter() - started
+    workdir.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    artifact = backend.export(model, ConversionContext(example, workdir, deploy_cfg))
+    logits_of = backend.load(artifact, deploy_cfg)
+    with torch.inference_mode():
+        logits_of(example.input_ids, example.attention_mask)
+    return Converted(logits_of, artifact, time.perf_counter() - started)
 
 
 def check_outputs(logits: torch.Tensor, reference: Reference) -> dict[str, float]:
@@ -109,23 +128,23 @@ def deploy_on(
     example: ExampleInputs,
     protocol: LatencyProtocol,
     deploy_cfg: DictConfig,
+    workdir: Path,
 ) -> BackendResult:
-    """Convert, check and time `model` on one backend; failures come back as `error`."""
+    """Convert, check and time `model` on one backend, leaving its artifact in `workdir`;
+    failures come back as `error`."""
     try:
-        with (
-            track_peak_memory() as memory,
-            converted(backend_name, model, example, deploy_cfg) as (deployed, seconds),
-        ):
-            checks = check_outputs(collect_logits(deployed.logits_of, val_data), reference)
-            latency = measure_latency(deployed.logits_of, example, protocol)
-            size_mb = deployed.size_mb
+        with track_peak_memory() as memory:
+            converted = convert(backend_name, model, example, deploy_cfg, workdir)
+            checks = check_outputs(collect_logits(converted.logits_of, val_data), reference)
+            latency = measure_latency(converted.logits_of, example, protocol)
     except Exception as exc:  # any backend failure stays on this point
         return BackendResult(backend_name, error=f"{type(exc).__name__}: {exc}".strip())
     return BackendResult(
         backend=backend_name,
         latency=latency,
-        model_size_mb=size_mb,
-        convert_seconds=seconds,
+        model_size_mb=converted.size_mb,
+        convert_seconds=converted.seconds,
         peak_memory_mb=memory.growth_mb,
+        artifact=converted.artifact,
         **checks,
     )

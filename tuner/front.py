@@ -1,10 +1,10 @@
-"""The study's points and Pareto front as a table and a plot, read from the Optuna study."""
+"""The study's points and Pareto front, read from the Optuna study, and the front as a table."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import optuna
 import pandas as pd
@@ -12,7 +12,13 @@ import pandas as pd
 from tuner.constraints import Constraints, best_reference_accuracy
 from tuner.pareto import pareto_mask
 
+if TYPE_CHECKING:
+    from tuner.convergence import Convergence
+
 METRIC_COLUMNS = ("val_accuracy", "latency_ms_p50", "latency_ms_p95", "model_size_mb")
+# Optuna user attributes that tie a point to its MLflow run and logged model.
+RUN_ID_ATTR = "mlflow_run_id"
+MODEL_URI_ATTR = "mlflow_model_uri"
 
 
 @dataclass(frozen=True)
@@ -29,15 +35,32 @@ class Point:
     params: dict[str, Any] = field(default_factory=dict)
     feasible: bool = True
     pareto: bool = False
+    # Where the point's deployable model was logged (MLflow model URI), if it was.
+    model_uri: str | None = None
+    mlflow_run_id: str | None = None
+
+    @property
+    def status(self) -> str:
+        """How plots show it: on the front, dominated, or infeasible."""
+        if not self.feasible:
+            return "infeasible"
+        return "pareto" if self.pareto else "dominated"
 
 
 def study_points(study: optuna.Study, constraints: Constraints | None = None) -> list[Point]:
+    """Every complete trial of the study as a point; see `points_of`."""
+    return points_of(study.get_trials(deepcopy=False), constraints)
+
+
+def points_of(
+    trials: Sequence[optuna.trial.FrozenTrial], constraints: Constraints | None = None
+) -> list[Point]:
     """Every complete trial as a point; `pareto` marks the front of the feasible ones.
 
     Feasibility is recomputed here against the best eager accuracy in the whole study, so it is
     right even for points made before that best model existed.
     """
-    trials = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+    trials = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
     constraints = constraints or Constraints()
     best = best_reference_accuracy(trials)
     points = [
@@ -51,6 +74,8 @@ def study_points(study: optuna.Study, constraints: Constraints | None = None) ->
             trained_in_trial=int(trial.user_attrs.get("trained_in_trial", trial.number)),
             params=dict(trial.params),
             feasible=constraints.feasible(trial.values[0], trial.values[1], best),
+            model_uri=trial.user_attrs.get(MODEL_URI_ATTR),
+            mlflow_run_id=trial.user_attrs.get(RUN_ID_ATTR),
         )
         for trial in trials
     ]
@@ -84,51 +109,39 @@ def front_table(points: list[Point]) -> pd.DataFrame:
     return table.sort_values("latency_ms_p50").reset_index(drop=True) if rows else table
 
 
-def plot_front(points: list[Point], title: str, path: Path) -> None:
-    """Accuracy against latency coloured by backend: the front solid and joined, dominated
-    points faded, infeasible ones faded crosses."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, axes = plt.subplots(figsize=(8, 5), dpi=120)
-    backends = sorted({p.backend for p in points})
-    colours = {b: plt.get_cmap("tab10")(i % 10) for i, b in enumerate(backends)}
-    for backend in backends:
-        mine = [p for p in points if p.backend == backend]
-        for group, style in (
-            ([p for p in mine if p.pareto], {"alpha": 1.0, "edgecolors": "black", "s": 55}),
-            ([p for p in mine if p.feasible and not p.pareto], {"alpha": 0.35, "s": 35}),
-            ([p for p in mine if not p.feasible], {"alpha": 0.35, "marker": "x", "s": 35}),
-        ):
-            if group:
-                axes.scatter(
-                    [p.latency_ms_p50 for p in group],
-                    [p.val_accuracy for p in group],
-                    color=colours[backend],
-                    zorder=3,
-                    **style,
-                )
-        axes.scatter([], [], color=colours[backend], label=backend)
+def front_note(
+    study_name: str,
+    points: list[Point],
+    progress: Convergence | None,
+    protocol: Mapping[str, Any],
+) -> str:
+    """The parent run's description in MLflow: the front and how its latency was measured."""
     front = sorted((p for p in points if p.pareto), key=lambda p: p.latency_ms_p50)
-    axes.step(
-        [p.latency_ms_p50 for p in front],
-        [p.val_accuracy for p in front],
-        where="post",
-        color="black",
-        alpha=0.5,
-        label="Pareto front",
+    lines = [
+        f"**Study `{study_name}`**: {len(points)} points, {len(front)} on the feasible "
+        "accuracy/latency front (`pareto/front.csv`, `pareto/front.html`).",
+        "",
+    ]
+    if progress is not None:
+        accuracy, latency = progress.reference
+        lines += [
+            f"Hypervolume {progress.hypervolume:.4g} (accuracy x ms, reference accuracy "
+            f"{accuracy:g}, latency {latency:.3g} ms); its history is the `hypervolume` metric.",
+            "",
+        ]
+    if front:
+        lines += [
+            "| trial | backend | val_accuracy | p50 ms | p95 ms | MB |",
+            "|---|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| {p.trial_number} | {p.backend} | {p.val_accuracy:.4f} | {p.latency_ms_p50:.2f} "
+            f"| {p.latency_ms_p95:.2f} | {p.model_size_mb:.1f} |"
+            for p in front
+        ]
+        lines.append("")
+    lines.append(
+        "Latency protocol: "
+        + ", ".join(f"{key.removeprefix('latency.')}={value}" for key, value in protocol.items())
     )
-    for p in front:
-        axes.annotate(f"#{p.trial_number}", (p.latency_ms_p50, p.val_accuracy), fontsize=8)
-    if any(not p.feasible for p in points):
-        axes.scatter([], [], color="gray", marker="x", alpha=0.5, label="infeasible")
-    axes.set_xlabel("latency p50 (ms)")
-    axes.set_ylabel("validation accuracy")
-    axes.set_title(title)
-    axes.grid(alpha=0.3)
-    axes.legend(loc="lower right", fontsize=8)
-    figure.tight_layout()
-    figure.savefig(path)
-    plt.close(figure)
+    return "\n".join(lines)

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import copy
 import os
-from collections.abc import Collection, Mapping
+import tempfile
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import optuna
 import torch
@@ -15,19 +17,28 @@ from transformers import AutoTokenizer
 
 from tuner import console
 from tuner.checks import candidate_values, check_config
-from tuner.config import apply_debug, load_search_space, resolve, with_params
+from tuner.config import (
+    apply_debug,
+    debug_profile_keys,
+    load_search_space,
+    resolve,
+    with_params,
+)
 from tuner.constraints import Constraints, constraints_func
+from tuner.convergence import convergence
 from tuner.data import load_splits
 from tuner.data.tokens import tokenize
 from tuner.edits import EDITS
 from tuner.errors import ConfigError
-from tuner.front import Point, study_points
+from tuner.front import Point, front_note, study_points
 from tuner.latency import LatencyProtocol, example_inputs
 from tuner.models import resolve_name_or_path
+from tuner.retrain import override_keys
 from tuner.samplers import SAMPLERS
 from tuner.space import SearchSpace
+from tuner.storage import open_storage
 from tuner.tracking import Tracker
-from tuner.trial import BACKEND_KEY, ModelFactory, Objective, TrialContext
+from tuner.trial import BACKEND_KEY, ModelFactory, Objective, ServingContext, TrialContext
 
 DIRECTIONS = ("maximize", "minimize")
 OBJECTIVES = ("val_accuracy", "latency_ms_p50")
@@ -67,7 +78,7 @@ def deployment_backends(cfg: DictConfig, space: SearchSpace) -> list[str]:
 
 def _check_edits(factory: ModelFactory, prepared: Prepared) -> None:
     """Apply each searched edit at the ends of its range to a copy, so bad widths fail now."""
-    model = factory.build(prepared.cfg.model)
+    model = factory.build(prepared.cfg.model, int(prepared.cfg.train.seed))
     for name in EDITS:
         edit = EDITS.get(name)
         key = f"model.{edit.config_key}"
@@ -80,13 +91,7 @@ def _create_study(
     cfg: DictConfig, constraints: Constraints
 ) -> tuple[optuna.Study, optuna.storages.BaseStorage]:
     url = str(cfg.study.storage)
-    try:
-        storage = optuna.storages.get_storage(url)
-        existing = [s.study_name for s in storage.get_all_studies()]
-    except Exception as exc:
-        raise ConfigError(
-            f"Invalid config: key 'study.storage': cannot open {url}: {exc}"
-        ) from None
+    storage, existing = open_storage(url)
     resumed = str(cfg.study.name) in existing
     previous = 0
     if resumed:
@@ -117,11 +122,17 @@ def _create_study(
 
 
 def run_study(
-    raw_cfg: DictConfig, sources: Mapping[str, str] | None = None, pinned: Collection[str] = ()
+    raw_cfg: DictConfig, sources: Mapping[str, str] | None = None, overrides: Sequence[str] = ()
 ) -> list[Point]:
-    """Run `study.n_trials` more trials; return the study's points, front flagged."""
+    """Run `study.n_trials` more trials; return the study's points, front flagged.
+
+    Args:
+        sources: search-space key -> file that defines it, named in errors.
+        overrides: the command line's Hydra overrides; the keys they set are not searched, and
+            they start each point's retraining command.
+    """
     console.quiet_libraries()
-    prepared = prepare(raw_cfg, sources or {}, pinned)
+    prepared = prepare(raw_cfg, sources or {}, override_keys(overrides))
     cfg, space = prepared.cfg, prepared.space
     torch.set_num_threads(int(cfg.train.num_threads or os.cpu_count() or 1))
 
@@ -146,6 +157,7 @@ def run_study(
     backends = deployment_backends(cfg, space)
     study, storage = _create_study(cfg, constraints)
     tracker = Tracker(str(cfg.tracking.uri), str(cfg.tracking.experiment))
+    protocol_record = protocol.record(prefix="latency.")
     parent_id = tracker.start_parent(
         study.study_name,
         {
@@ -155,44 +167,61 @@ def run_study(
             "deploy.backends": ", ".join(backends),
             "study.max_accuracy_drop": constraints.max_accuracy_drop,
             "study.latency_budget_ms": constraints.latency_budget_ms,
-            **protocol.record(prefix="latency."),
+            **protocol_record,
         },
         OmegaConf.to_yaml(cfg),
     )
-    context = TrialContext(
-        cfg=cfg,
-        space=space,
-        backends=backends,
-        constraints=constraints,
-        train_data=tokenize(tokenizer, splits.train, int(cfg.data.max_length)),
-        val_data=tokenize(tokenizer, splits.val, int(cfg.data.max_length)),
-        example=example_inputs(tokenizer, splits.val.texts, protocol),
-        protocol=protocol,
-        factory=factory,
-        tracker=tracker,
-        parent_run_id=parent_id,
-        n_trials=int(cfg.study.n_trials),
-        storage=storage,
-        study_id=storage.get_study_id_from_name(study.study_name),
-    )
 
     def publish(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
-        tracker.publish_front(parent_id, study.study_name, study_points(study, constraints))
+        points = study_points(study, constraints)
+        progress = convergence(study, cfg.study.hypervolume_reference, points)
+        step = len(study.get_trials(deepcopy=False))
+        note = front_note(study.study_name, points, progress, protocol_record)
+        tracker.publish_front(parent_id, study.study_name, points, note)
+        if progress is not None:
+            tracker.log_metrics(parent_id, progress.metrics(), step=step)
 
-    try:
-        study.optimize(
-            Objective(context),
+    with tempfile.TemporaryDirectory(prefix="tuner-tokenizer-") as tokenizer_dir:
+        # Saved once: every logged model ships this tokenizer beside its backend artifact.
+        tokenizer.save_pretrained(tokenizer_dir)
+        context = TrialContext(
+            cfg=cfg,
+            space=space,
+            backends=backends,
+            constraints=constraints,
+            train_data=tokenize(tokenizer, splits.train, int(cfg.data.max_length)),
+            val_data=tokenize(tokenizer, splits.val, int(cfg.data.max_length)),
+            example=example_inputs(tokenizer, splits.val.texts, protocol),
+            protocol=protocol,
+            factory=factory,
+            tracker=tracker,
+            parent_run_id=parent_id,
             n_trials=int(cfg.study.n_trials),
-            # A failing trial is recorded with its reason; the study goes on.
-            catch=(Exception,),
-            callbacks=[publish],
+            storage=storage,
+            study_id=storage.get_study_id_from_name(study.study_name),
+            serving=ServingContext(
+                tokenizer_dir=Path(tokenizer_dir),
+                label_names=list(splits.label_names),
+                example_texts=list(splits.val.texts[:2]),
+                overrides=tuple(overrides),
+                study_name=str(raw_cfg.study.name),
+                profile_keys=frozenset(debug_profile_keys(raw_cfg)),
+            ),
         )
-    except KeyboardInterrupt:
-        tracker.kill(parent_id)
-        raise
-    except BaseException:
-        tracker.fail(parent_id, "the study stopped on an error; see the terminal")
-        raise
+        try:
+            study.optimize(
+                Objective(context),
+                n_trials=int(cfg.study.n_trials),
+                # A failing trial is recorded with its reason; the study goes on.
+                catch=(Exception,),
+                callbacks=[publish],
+            )
+        except KeyboardInterrupt:
+            tracker.kill(parent_id)
+            raise
+        except BaseException:
+            tracker.fail(parent_id, "the study stopped on an error; see the terminal")
+            raise
     points = study_points(study, constraints)
     tracker.finish(parent_id)
     failed = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,)))

@@ -16,7 +16,8 @@ import mlflow
 from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
 
-from tuner.front import Point, front_table, plot_front
+from tuner.front import Point, front_table
+from tuner.front_plots import plot_front_html, plot_front_png
 from tuner.training import EpochResult
 
 # MLflow caps a param value at 6000 characters.
@@ -91,6 +92,10 @@ class Tracker:
         batch = [Metric(key, float(value), timestamp, step) for key, value in metrics.items()]
         self.client.log_batch(run_id, metrics=batch)
 
+    def set_tags(self, run_id: str, tags: Mapping[str, str]) -> None:
+        for key, value in tags.items():
+            self.client.set_tag(run_id, key, value)
+
     def finish(self, run_id: str) -> None:
         self.client.set_terminated(run_id, "FINISHED")
 
@@ -101,14 +106,20 @@ class Tracker:
     def kill(self, run_id: str) -> None:
         self.client.set_terminated(run_id, "KILLED")
 
-    def publish_front(self, parent_id: str, study_name: str, points: list[Point]) -> None:
-        """Write the front artifacts on the parent run and re-tag every trial run of the study."""
+    def publish_front(
+        self, parent_id: str, study_name: str, points: list[Point], note: str
+    ) -> None:
+        """Write the front on the parent run (table, plots, a summary as its description) and
+        re-tag every trial run of the study with `pareto`."""
+        title = f"{study_name}: accuracy vs latency"
         with tempfile.TemporaryDirectory() as tmp:
             directory = Path(tmp)
             front_table(points).to_csv(directory / "front.csv", index=False)
-            plot_front(points, f"{study_name}: accuracy vs latency", directory / "front.png")
-            for name in ("front.csv", "front.png"):
-                self.client.log_artifact(parent_id, str(directory / name), "pareto")
+            plot_front_png(points, title, directory / "front.png")
+            plot_front_html(points, title, directory / "front.html")
+            self.client.log_artifacts(parent_id, str(directory), "pareto")
+        # MLflow shows this tag as the run's description.
+        self.client.set_tag(parent_id, "mlflow.note.content", note)
         self._tag_pareto(study_name, {p.trial_number: p.pareto for p in points})
 
     def _tag_pareto(self, study_name: str, on_front: Mapping[int, bool]) -> None:

@@ -11,8 +11,10 @@ from __future__ import annotations
 import copy
 import json
 import math
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import optuna
@@ -40,8 +42,12 @@ from tuner.constraints import (
 from tuner.data.tokens import TokenizedTexts
 from tuner.deploy import BackendFailed, BackendResult, Reference, deploy_on
 from tuner.edits import apply_edits
+from tuner.front import MODEL_URI_ATTR, RUN_ID_ATTR, points_of
 from tuner.latency import LatencyProtocol
 from tuner.models import build_model
+from tuner.pareto import pareto_mask
+from tuner.retrain import retrain_command, retrain_overrides
+from tuner.serving import PointSpec, deploy_config, log_point_model
 from tuner.space import SearchSpace
 from tuner.tracking import Tracker
 from tuner.training import TrainResult, initialise_new_layers, train
@@ -77,18 +83,35 @@ class ModelFactory:
         self._key: str | None = None
         self._model: nn.Module | None = None
 
-    def build(self, model_cfg: DictConfig) -> nn.Module:
+    def build(self, model_cfg: DictConfig, seed: int) -> nn.Module:
         values = OmegaConf.to_container(model_cfg)
         assert isinstance(values, dict)
         key = json.dumps(
-            {k: v for k, v in values.items() if k not in self.edit_keys},
+            {"seed": seed, **{k: v for k, v in values.items() if k not in self.edit_keys}},
             sort_keys=True,
             default=str,
         )
         if key != self._key or self._model is None:
-            self._model = build_model(model_cfg, self.num_labels)
+            # Seeded on its own, so a random-init model is the same whether it is built first in
+            # a process or copied from the cache (a retraining run builds it fresh).
+            with torch.random.fork_rng():
+                torch.manual_seed(seed)
+                self._model = build_model(model_cfg, self.num_labels)
             self._key = key
         return copy.deepcopy(self._model)
+
+
+@dataclass(frozen=True)
+class ServingContext:
+    """What a logged model ships besides its artifact, and how its points are retrained."""
+
+    tokenizer_dir: Path
+    label_names: list[str]
+    example_texts: list[str]
+    # The invocation's command-line overrides and configured study name (before any suffix).
+    overrides: tuple[str, ...]
+    study_name: str
+    profile_keys: frozenset[str] = frozenset()
 
 
 @dataclass
@@ -109,6 +132,7 @@ class TrialContext:
     n_trials: int
     storage: optuna.storages.BaseStorage
     study_id: int
+    serving: ServingContext
 
     def study_trials(self) -> list[optuna.trial.FrozenTrial]:
         return self.storage.get_all_trials(self.study_id, deepcopy=False)
@@ -153,23 +177,28 @@ class Objective:
             self._logged_params(params, own_backend),
             trained_in_trial=trial.number,
         )
-        trial.set_user_attr("mlflow_run_id", run_id)
+        trial.set_user_attr(RUN_ID_ATTR, run_id)
         trial.set_user_attr(BACKEND_KEY, own_backend)
         trial.set_user_attr(TRAINED_IN_ATTR, trial.number)
-        try:
-            trained = self._train(cfg, params, run_id, trial)
-            results = self._deploy_everywhere(trained, own_backend, cfg)
-        except KeyboardInterrupt:
-            ctx.tracker.kill(run_id)
-            raise
-        except Exception as exc:
-            self._fail(trial, run_id, exc)
-            raise
-        for backend, result in results.items():
-            if backend != own_backend:
-                self._add_point(trial, trained, result)
-        own = results[own_backend]
-        self._record(trial.set_user_attr, run_id, trained, own)
+        # Every backend's artifact stays here until the points that join the front are logged.
+        with tempfile.TemporaryDirectory(prefix="tuner-trial-") as workdir:
+            try:
+                trained = self._train(cfg, params, run_id, trial)
+                results = self._deploy_everywhere(trained, own_backend, cfg, Path(workdir))
+            except KeyboardInterrupt:
+                ctx.tracker.kill(run_id)
+                raise
+            except Exception as exc:
+                self._fail(trial, run_id, exc)
+                raise
+            on_front = self._joining_front(results, trained)
+            for backend, result in results.items():
+                if backend != own_backend:
+                    self._add_point(trial, trained, result, backend in on_front)
+            own = results[own_backend]
+            self._record(
+                trial.set_user_attr, run_id, trial.number, trained, own, own_backend in on_front
+            )
         if own.error:
             raise BackendFailed(f"backend {own_backend}: {own.error}")
         ctx.tracker.finish(run_id)
@@ -188,8 +217,8 @@ class Objective:
         self, cfg: DictConfig, params: dict[str, Any], run_id: str, trial: optuna.Trial
     ) -> _Trained:
         ctx = self.context
+        model = ctx.factory.build(cfg.model, int(cfg.train.seed))
         torch.manual_seed(int(cfg.train.seed))
-        model = ctx.factory.build(cfg.model)
         apply_edits(model, cfg.model)
         initialise_new_layers(model.new_layers(), str(cfg.train.init))
 
@@ -214,7 +243,7 @@ class Objective:
         return _Trained(model, params, result, reference, best)
 
     def _deploy_everywhere(
-        self, trained: _Trained, own_backend: str, cfg: DictConfig
+        self, trained: _Trained, own_backend: str, cfg: DictConfig, workdir: Path
     ) -> dict[str, BackendResult]:
         ctx = self.context
         backends = [own_backend] + [b for b in ctx.backends if b != own_backend]
@@ -228,14 +257,55 @@ class Objective:
                 ctx.example,
                 ctx.protocol,
                 cfg.deploy,
+                workdir / backend,
             )
             console.backend_result(result)
             results[backend] = result
         return results
 
-    def _record(self, set_attr, run_id: str, trained: _Trained, result: BackendResult) -> None:
+    def _joining_front(self, results: Mapping[str, BackendResult], trained: _Trained) -> set[str]:
+        """The backends whose points are on the feasible front once this model's points join
+        the study. Only these are logged as models: a point dominated now stays dominated, as
+        the best accuracy, and with it the accuracy constraint, only ever rises."""
+        ctx = self.context
+
+        def feasible(accuracy: float, latency: float) -> bool:
+            return ctx.constraints.feasible(accuracy, latency, trained.best_reference_accuracy)
+
+        existing = [
+            (p.val_accuracy, p.latency_ms_p50)
+            for p in points_of(ctx.study_trials())
+            if feasible(p.val_accuracy, p.latency_ms_p50)
+        ]
+        new = {
+            backend: (result.val_accuracy, result.metrics()["latency_ms_p50"])
+            for backend, result in results.items()
+            if not result.error
+        }
+        new = {backend: point for backend, point in new.items() if feasible(*point)}
+        mask = pareto_mask(existing + list(new.values()))[len(existing) :]
+        return {backend for backend, keep in zip(new, mask, strict=True) if keep}
+
+    def _record(
+        self,
+        set_attr,
+        run_id: str,
+        trained_in: int,
+        trained: _Trained,
+        result: BackendResult,
+        log_model: bool,
+    ) -> None:
         """Metrics and attributes of one point, whether the trial's own or an added one."""
         ctx = self.context
+        params = {**trained.params, BACKEND_KEY: result.backend}
+        overrides = retrain_overrides(
+            ctx.serving.overrides,
+            params,
+            ctx.serving.study_name,
+            trained_in,
+            ctx.serving.profile_keys,
+        )
+        ctx.tracker.set_tags(run_id, {"tuner.retrain": retrain_command(overrides)})
         if result.error:
             reason = f"backend {result.backend}: {result.error}"
             set_attr("fail_reason", reason)
@@ -250,8 +320,43 @@ class Objective:
         set_attr(CONSTRAINTS_ATTR, constraints)
         final = {**metrics, "train_seconds": trained.result.seconds}
         ctx.tracker.log_metrics(run_id, final, step=len(trained.result.epochs))
+        if log_model:
+            self._log_model(set_attr, run_id, result, overrides)
 
-    def _add_point(self, trial: optuna.Trial, trained: _Trained, result: BackendResult) -> None:
+    def _log_model(
+        self, set_attr, run_id: str, result: BackendResult, overrides: list[str]
+    ) -> None:
+        """Log the point's deployable model; a failure is recorded and the point kept."""
+        ctx = self.context
+        assert result.artifact is not None
+        spec = PointSpec(
+            backend=result.backend,
+            label_names=ctx.serving.label_names,
+            max_length=int(ctx.cfg.data.max_length),
+            deploy=deploy_config(ctx.cfg),
+        )
+        try:
+            uri = log_point_model(
+                ctx.tracker.client,
+                run_id,
+                result.artifact,
+                spec,
+                ctx.serving.tokenizer_dir,
+                ctx.serving.example_texts,
+                retrain_command(overrides),
+                result.artifact.parent,
+            )
+        except Exception as exc:  # the point stays valid without its logged model
+            reason = f"{type(exc).__name__}: {exc}"
+            ctx.tracker.set_tags(run_id, {"tuner.model_error": reason[:5000]})
+            console.model_not_logged(result.backend, reason)
+            return
+        set_attr(MODEL_URI_ATTR, uri)
+        ctx.tracker.set_tags(run_id, {"tuner.model_uri": uri})
+
+    def _add_point(
+        self, trial: optuna.Trial, trained: _Trained, result: BackendResult, log_model: bool
+    ) -> None:
         """Another backend of the same trained model, as a trial of its own."""
         ctx = self.context
         params = {**trained.params, BACKEND_KEY: result.backend}
@@ -265,12 +370,12 @@ class Objective:
         )
         ctx.tracker.replay_epochs(run_id, trained.result.epochs)
         user_attrs: dict[str, Any] = {
-            "mlflow_run_id": run_id,
+            RUN_ID_ATTR: run_id,
             BACKEND_KEY: result.backend,
             TRAINED_IN_ATTR: trial.number,
             REFERENCE_ACCURACY_ATTR: trained.reference.accuracy,
         }
-        self._record(user_attrs.__setitem__, run_id, trained, result)
+        self._record(user_attrs.__setitem__, run_id, trial.number, trained, result, log_model)
         distributions = {name: d for name, d in ctx.space.distributions.items() if name in params}
         point = optuna.trial.create_trial(
             state=TrialState.FAIL if result.error else TrialState.COMPLETE,

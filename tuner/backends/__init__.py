@@ -9,9 +9,9 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from tuner.backends.base import BACKENDS, Backend, ConversionContext, Deployed, ExampleInputs
+from tuner.backends.base import BACKENDS, Backend, ConversionContext, ExampleInputs, Logits
 
 for _module in pkgutil.iter_modules(__path__):
     importlib.import_module(f"{__name__}.{_module.name}")
 
-__all__ = ["BACKENDS", "Backend", "ConversionContext", "Deployed", "ExampleInputs"]
+__all__ = ["BACKENDS", "Backend", "ConversionContext", "ExampleInputs", "Logits"]

@@ -1,4 +1,9 @@
-"""What a backend is: an availability check and a conversion of the trained model."""
+"""What a backend is: an availability check, an export of the trained model to the artifact one
+ships, and a loader that runs that artifact.
+
+Deployment always goes through both halves (export, then load), so the model whose accuracy and
+latency are measured is the artifact that is logged and shipped, not an in-memory stand-in.
+"""
 
 from __future__ import annotations
 
@@ -31,34 +36,21 @@ class ConversionContext:
     workdir: Path
     deploy: DictConfig
 
-    @property
-    def num_threads(self) -> int:
-        return int(self.deploy.latency.num_threads)
-
-
-@dataclass(frozen=True)
-class Deployed:
-    """A converted model: how to call it, and the artifact one would ship."""
-
-    logits_of: Logits
-    artifact: Path
-
-    @property
-    def size_mb(self) -> float:
-        return self.artifact.stat().st_size / 1e6
-
 
 @dataclass(frozen=True)
 class Backend:
     """A deployment target.
 
     Attributes:
-        convert: trained eager fp32 model -> deployed model; must not modify the model.
+        export: trained eager fp32 model -> the artifact file one ships (in `ctx.workdir`);
+            must not modify the model.
+        load: artifact + the `deploy` config -> a callable returning logits; what serving runs.
         unavailable_reason: why this machine cannot run the backend, or None when it can.
     """
 
     name: str
-    convert: Callable[[nn.Module, ConversionContext], Deployed]
+    export: Callable[[nn.Module, ConversionContext], Path]
+    load: Callable[[Path, DictConfig], Logits]
     unavailable_reason: Callable[[], str | None] = lambda: None
 
 

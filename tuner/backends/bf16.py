@@ -1,13 +1,18 @@
-"""bf16 via CPU autocast: matmuls in bfloat16, reductions and norms kept in fp32."""
+"""bf16 via CPU autocast: weights shipped in bfloat16, matmuls computed in bfloat16, reductions
+and norms in fp32."""
 
 from __future__ import annotations
 
+import copy
+from pathlib import Path
+
 import torch
-from safetensors.torch import save_file
+from omegaconf import DictConfig
 from torch import nn
 
-from tuner.backends.base import BACKENDS, Backend, ConversionContext, Deployed
+from tuner.backends.base import BACKENDS, Backend, ConversionContext, Logits
 from tuner.backends.cpu import cpu_flags
+from tuner.backends.torch_files import load_module, save_module
 
 NATIVE_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16", "bf16"})
 
@@ -18,21 +23,24 @@ def _unavailable() -> str | None:
     return None
 
 
-def _convert(model: nn.Module, ctx: ConversionContext) -> Deployed:
-    model.eval()
+def _export(model: nn.Module, ctx: ConversionContext) -> Path:
+    return save_module(
+        copy.deepcopy(model).eval().to(torch.bfloat16), ctx.workdir / "model.bf16.pt"
+    )
+
+
+def _load(artifact: Path, deploy: DictConfig) -> Logits:
+    # Autocast keeps norms and softmax in fp32, so the stored bf16 weights are widened once here
+    # and each matmul casts back to bf16.
+    model = load_module(artifact).float()
 
     def logits_of(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         with torch.autocast("cpu", dtype=torch.bfloat16):
             return model(input_ids, attention_mask).float()
 
-    # What one would ship: the weights stored in bf16 (autocast computes with them in bf16).
-    artifact = ctx.workdir / "model.bf16.safetensors"
-    weights = {
-        name: (value.to(torch.bfloat16) if value.is_floating_point() else value).contiguous()
-        for name, value in model.state_dict().items()
-    }
-    save_file(weights, str(artifact))
-    return Deployed(logits_of=logits_of, artifact=artifact)
+    return logits_of
 
 
-BACKENDS.register("bf16")(Backend(name="bf16", convert=_convert, unavailable_reason=_unavailable))
+BACKENDS.register("bf16")(
+    Backend(name="bf16", export=_export, load=_load, unavailable_reason=_unavailable)
+)

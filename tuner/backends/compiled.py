@@ -1,14 +1,20 @@
-"""torch.compile (Inductor) with dynamic shapes; compiling happens inside the conversion."""
+"""torch.compile (Inductor) with dynamic shapes over the shipped eager model.
+
+Compiling happens on the first call, which deployment makes during conversion, so compile time
+counts as conversion and not as latency.
+"""
 
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 import torch
-from safetensors.torch import save_model
+from omegaconf import DictConfig
 from torch import nn
 
-from tuner.backends.base import BACKENDS, Backend, ConversionContext, Deployed
+from tuner.backends.base import BACKENDS, Backend, ConversionContext, Logits
+from tuner.backends.torch_files import load_module, save_module
 
 
 def _unavailable() -> str | None:
@@ -17,17 +23,14 @@ def _unavailable() -> str | None:
     return None
 
 
-def _convert(model: nn.Module, ctx: ConversionContext) -> Deployed:
-    model.eval()
-    compiled = torch.compile(model, mode=str(ctx.deploy.compile.mode), dynamic=True)
-    # The first call compiles; doing it here counts compile time as conversion, not latency.
-    with torch.inference_mode():
-        compiled(ctx.example.input_ids, ctx.example.attention_mask)
-    artifact = ctx.workdir / "model.safetensors"
-    save_model(model, str(artifact))
-    return Deployed(logits_of=compiled, artifact=artifact)
+def _export(model: nn.Module, ctx: ConversionContext) -> Path:
+    return save_module(model.eval(), ctx.workdir / "model.pt")
+
+
+def _load(artifact: Path, deploy: DictConfig) -> Logits:
+    return torch.compile(load_module(artifact), mode=str(deploy.compile.mode), dynamic=True)
 
 
 BACKENDS.register("compile")(
-    Backend(name="compile", convert=_convert, unavailable_reason=_unavailable)
+    Backend(name="compile", export=_export, load=_load, unavailable_reason=_unavailable)
 )

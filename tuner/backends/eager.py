@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
-from safetensors.torch import save_model
+from pathlib import Path
+
+from omegaconf import DictConfig
 from torch import nn
 
-from tuner.backends.base import BACKENDS, Backend, ConversionContext, Deployed
+from tuner.backends.base import BACKENDS, Backend, ConversionContext, Logits
+from tuner.backends.torch_files import load_module, save_module
 
 
-def _convert(model: nn.Module, ctx: ConversionContext) -> Deployed:
-    model.eval()
-    artifact = ctx.workdir / "model.safetensors"
-    save_model(model, str(artifact))
-    return Deployed(logits_of=model, artifact=artifact)
+def _export(model: nn.Module, ctx: ConversionContext) -> Path:
+    return save_module(model.eval(), ctx.workdir / "model.pt")
 
 
-BACKENDS.register("eager")(Backend(name="eager", convert=_convert))
+def _load(artifact: Path, deploy: DictConfig) -> Logits:
+    return load_module(artifact)
+
+
+BACKENDS.register("eager")(Backend(name="eager", export=_export, load=_load))

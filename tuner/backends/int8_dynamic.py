@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 
 import torch
+from omegaconf import DictConfig
 from torch import nn
 
-from tuner.backends.base import BACKENDS, Backend, ConversionContext, Deployed
+from tuner.backends.base import BACKENDS, Backend, ConversionContext, Logits
+from tuner.backends.torch_files import load_module, save_module
 
 ENGINES = ("x86", "fbgemm", "onednn", "qnnpack")
 
@@ -18,18 +21,22 @@ def _unavailable() -> str | None:
     return None
 
 
-def _convert(model: nn.Module, ctx: ConversionContext) -> Deployed:
+def _export(model: nn.Module, ctx: ConversionContext) -> Path:
     with warnings.catch_warnings():
         # torch.ao.quantization announces its move to torchao; the API still works here.
         warnings.simplefilter("ignore")
         quantized = torch.ao.quantization.quantize_dynamic(
             model.eval(), {nn.Linear}, dtype=torch.qint8, inplace=False
         )
-    artifact = ctx.workdir / "model.int8.pt"
-    torch.save(quantized.state_dict(), artifact)
-    return Deployed(logits_of=quantized, artifact=artifact)
+    return save_module(quantized, ctx.workdir / "model.int8.pt")
+
+
+def _load(artifact: Path, deploy: DictConfig) -> Logits:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return load_module(artifact)
 
 
 BACKENDS.register("int8_dynamic")(
-    Backend(name="int8_dynamic", convert=_convert, unavailable_reason=_unavailable)
+    Backend(name="int8_dynamic", export=_export, load=_load, unavailable_reason=_unavailable)
 )

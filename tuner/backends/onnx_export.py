@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from omegaconf import DictConfig
 from torch import nn
 
 from tuner.backends.base import ConversionContext, Logits
@@ -40,12 +41,13 @@ def export_onnx(model: nn.Module, ctx: ConversionContext, path: Path) -> Path:
     return path
 
 
-def session_logits(path: Path, num_threads: int) -> Logits:
-    """A callable running the ONNX file in ONNX Runtime's CPU provider with pinned threads."""
+def load_session(path: Path, deploy: DictConfig) -> Logits:
+    """A callable running the ONNX file in ONNX Runtime's CPU provider, with the latency
+    protocol's thread count."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
-    options.intra_op_num_threads = num_threads
+    options.intra_op_num_threads = int(deploy.latency.num_threads)
     options.inter_op_num_threads = 1
     options.log_severity_level = 3
     session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])

@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from torch import nn
 
-from tuner.backends.base import BACKENDS, Backend, ConversionContext, Deployed
-from tuner.backends.onnx_export import export_onnx, onnxruntime_missing, session_logits
+from tuner.backends.base import BACKENDS, Backend, ConversionContext
+from tuner.backends.onnx_export import export_onnx, load_session, onnxruntime_missing
 
 
-def _convert(model: nn.Module, ctx: ConversionContext) -> Deployed:
-    artifact = export_onnx(model, ctx, ctx.workdir / "model.onnx")
-    return Deployed(logits_of=session_logits(artifact, ctx.num_threads), artifact=artifact)
+def _export(model: nn.Module, ctx: ConversionContext) -> Path:
+    return export_onnx(model, ctx, ctx.workdir / "model.onnx")
 
 
 BACKENDS.register("onnxruntime")(
-    Backend(name="onnxruntime", convert=_convert, unavailable_reason=onnxruntime_missing)
+    Backend(
+        name="onnxruntime",
+        export=_export,
+        load=load_session,
+        unavailable_reason=onnxruntime_missing,
+    )
 )

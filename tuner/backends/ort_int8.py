@@ -5,14 +5,15 @@ with one scale per tensor, at the same speed)."""
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 from torch import nn
 
-from tuner.backends.base import BACKENDS, Backend, ConversionContext, Deployed
-from tuner.backends.onnx_export import export_onnx, onnxruntime_missing, session_logits
+from tuner.backends.base import BACKENDS, Backend, ConversionContext
+from tuner.backends.onnx_export import export_onnx, load_session, onnxruntime_missing
 
 
-def _convert(model: nn.Module, ctx: ConversionContext) -> Deployed:
+def _export(model: nn.Module, ctx: ConversionContext) -> Path:
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     fp32 = export_onnx(model, ctx, ctx.workdir / "model.fp32.onnx")
@@ -25,9 +26,14 @@ def _convert(model: nn.Module, ctx: ConversionContext) -> Deployed:
         quantize_dynamic(str(fp32), str(artifact), weight_type=QuantType.QInt8, per_channel=True)
     finally:
         root.setLevel(level)
-    return Deployed(logits_of=session_logits(artifact, ctx.num_threads), artifact=artifact)
+    return artifact
 
 
 BACKENDS.register("onnxruntime_int8")(
-    Backend(name="onnxruntime_int8", convert=_convert, unavailable_reason=onnxruntime_missing)
+    Backend(
+        name="onnxruntime_int8",
+        export=_export,
+        load=load_session,
+        unavailable_reason=onnxruntime_missing,
+    )
 )

@@ -1,0 +1,73 @@
+"""The recommendation rule on a fixed set of points."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from tuner.front import Point
+from tuner.recommend import Rule, recommend
+
+
+def _point(number: int, accuracy: float, latency: float, pareto: bool = True) -> Point:
+    return Point(
+        trial_number=number,
+        backend="eager",
+        val_accuracy=accuracy,
+        latency_ms_p50=latency,
+        latency_ms_p95=latency,
+        model_size_mb=1.0,
+        trained_in_trial=number,
+        pareto=pareto,
+    )
+
+
+FRONT = [
+    _point(0, 0.800, 26.0),  # most accurate
+    _point(1, 0.795, 14.0),  # within one point, faster
+    _point(2, 0.790, 10.7),  # exactly one point below: still within
+    _point(3, 0.770, 7.5),  # fastest, 3 points below
+    _point(4, 0.799, 30.0, pareto=False),  # dominated: never recommended
+]
+
+
+def test_default_is_the_fastest_point_within_one_accuracy_point():
+    assert recommend(FRONT, Rule()).trial_number == 2
+
+
+@pytest.mark.parametrize(
+    ("drop", "expected"), [(0.0, 0), (0.005, 1), (0.02, 2), (0.05, 3), (None, 0)]
+)
+def test_accuracy_drop(drop, expected):
+    assert recommend(FRONT, Rule(max_accuracy_drop=drop)).trial_number == expected
+
+
+@pytest.mark.parametrize(("budget", "expected"), [(8.0, 3), (12.0, 2), (20.0, 1), (100.0, 0)])
+def test_latency_budget_alone_picks_the_most_accurate_that_fits(budget, expected):
+    rule = Rule(max_accuracy_drop=None, max_latency_ms=budget)
+    assert recommend(FRONT, rule).trial_number == expected
+
+
+def test_both_limits_and_nothing_that_fits():
+    assert recommend(FRONT, Rule(max_accuracy_drop=0.01, max_latency_ms=12.0)).trial_number == 2
+    assert recommend(FRONT, Rule(max_accuracy_drop=0.01, max_latency_ms=9.0)) is None
+    assert recommend(FRONT, Rule(max_accuracy_drop=None, max_latency_ms=5.0)) is None
+    assert recommend([], Rule()) is None
+
+
+def test_ties_do_not_depend_on_order():
+    twins = [_point(7, 0.79, 10.0), _point(5, 0.79, 10.0), _point(6, 0.80, 10.0)]
+    assert recommend(twins, Rule()).trial_number == 6
+    assert recommend(list(reversed(twins)), Rule()).trial_number == 6
+    same = [_point(7, 0.79, 10.0), _point(5, 0.79, 10.0)]
+    assert recommend(same, Rule()).trial_number == 5
+    assert recommend([replace(p) for p in reversed(same)], Rule()).trial_number == 5
+
+
+def test_rule_descriptions():
+    assert Rule().describe() == "the fastest point within 1 accuracy point(s) of the most accurate"
+    assert (
+        Rule(max_accuracy_drop=None, max_latency_ms=12).describe()
+        == "the most accurate point with p50 latency <= 12 ms"
+    )

@@ -1,0 +1,273 @@
+"""Reviewing a study: the front on the parent MLflow run, hypervolume, logged models of the
+Pareto points, exact retraining, and `python -m tuner.report` (real smoke studies, subprocesses).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shlex
+import subprocess
+import sys
+
+import mlflow
+import optuna
+import pandas as pd
+import pytest
+from conftest import REPO, run_cli
+from mlflow.tracking import MlflowClient
+
+from tuner.config import apply_debug, compose_config, resolve
+from tuner.data import load_splits
+from tuner.front import study_points
+from tuner.recommend import Rule, recommend
+
+SMOKE = ("+experiment=bert_ffn", "debug=smoke")
+STUDY = "bert_ffn-smoke"
+
+
+def _stores(path) -> tuple[str, str]:
+    return f"sqlite:///{path}/optuna.db", f"sqlite:///{path}/mlflow.db"
+
+
+def _runs(path):
+    client = MlflowClient(_stores(path)[1])
+    experiment = client.get_experiment_by_name(STUDY)
+    runs = client.search_runs([experiment.experiment_id], max_results=1000)
+    parents = sorted(
+        (r for r in runs if r.data.tags.get("tuner.role") == "study"),
+        key=lambda r: r.info.start_time,
+    )
+    children = [r for r in runs if r.data.tags.get("tuner.role") == "trial"]
+    return client, experiment, parents, children
+
+
+def _load_study(path, name=STUDY) -> optuna.Study:
+    return optuna.load_study(study_name=name, storage=_stores(path)[0])
+
+
+def _report(path, *args: str) -> subprocess.CompletedProcess:
+    optuna_url, mlflow_url = _stores(path)
+    command = [
+        sys.executable,
+        "-m",
+        "tuner.report",
+        *SMOKE,
+        f"study.storage={optuna_url}",
+        f"tracking.uri={mlflow_url}",
+        *args,
+    ]
+    return subprocess.run(command, cwd=path, capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    """One finished smoke study, read by the tests below."""
+    path = tmp_path_factory.mktemp("study")
+    result = run_cli(path, *SMOKE)
+    assert result.returncode == 0, result.stderr
+    return path
+
+
+def test_parent_run_holds_the_front_hypervolume_and_protocol(smoke):
+    client, _, parents, children = _runs(smoke)
+    parent = parents[0]
+    artifacts = {a.path for a in client.list_artifacts(parent.info.run_id, "pareto")}
+    assert artifacts == {"pareto/front.csv", "pareto/front.png", "pareto/front.html"}
+    page = open(client.download_artifacts(parent.info.run_id, "pareto/front.html", str(smoke)))
+    html = page.read()
+    assert "Plotly.newPlot" in html and '<script src="http' not in html
+
+    study = _load_study(smoke)
+    points = study_points(study)
+    history = client.get_metric_history(parent.info.run_id, "hypervolume")
+    # One value after each of the 2 trials, stepped by the study's trial count, never falling.
+    assert [m.step for m in history] == [5, 10]
+    assert history[0].value <= history[1].value
+    reference = study.user_attrs["hypervolume_reference"]
+    # Fixed after the first trial: twice the slowest point of the first trained model.
+    first = [p.latency_ms_p50 for p in points if p.trained_in_trial == 0]
+    assert reference == [0.0, pytest.approx(2 * max(first))]
+    from tuner.pareto import hypervolume
+
+    expected = hypervolume([(p.val_accuracy, p.latency_ms_p50) for p in points], tuple(reference))
+    assert history[-1].value == pytest.approx(expected)
+    front_size = client.get_metric_history(parent.info.run_id, "pareto_points")[-1].value
+    assert front_size == sum(p.pareto for p in points)
+
+    note = parent.data.tags["mlflow.note.content"]
+    assert "Hypervolume" in note and "Latency protocol: batch_size=1, seq_len=32" in note
+    on_front = {p.trial_number for p in points if p.pareto}
+    for run in children:
+        wanted = "true" if int(run.data.tags["optuna.trial_number"]) in on_front else "false"
+        assert run.data.tags["pareto"] == wanted
+
+
+def test_pareto_points_are_deployable_mlflow_models(smoke):
+    client, experiment, _, children = _runs(smoke)
+    study = _load_study(smoke)
+    points = study_points(study)
+    front = [p for p in points if p.pareto]
+    assert front
+    cfg = resolve(apply_debug(compose_config(SMOKE)))
+    splits = load_splits(cfg.data)
+    logged = {m.model_id for m in client.search_logged_models([experiment.experiment_id])}
+    for point in front:
+        assert point.model_uri is not None, f"trial {point.trial_number} has no model"
+        assert point.model_uri.removeprefix("models:/") in logged
+        run = client.get_run(point.mlflow_run_id)
+        assert run.data.tags["tuner.model_uri"] == point.model_uri
+        mlflow.set_tracking_uri(_stores(smoke)[1])
+        model = mlflow.pyfunc.load_model(point.model_uri)
+        schema = model.metadata.signature
+        assert schema.inputs.input_names() == ["text"]
+        assert schema.outputs.input_names() == ["label", "score"]
+        assert model.metadata.metadata["deploy.backend"] == point.backend
+        assert model.metadata.metadata["retrain"] == run.data.tags["tuner.retrain"]
+        # The served model is the measured one: it reproduces the point's validation accuracy.
+        predicted = model.predict(pd.DataFrame({"text": splits.val.texts}))
+        assert set(predicted["label"]) <= set(splits.label_names)
+        truth = [splits.label_names[label] for label in splits.val.labels]
+        accuracy = float((predicted["label"] == truth).mean())
+        assert accuracy == pytest.approx(point.val_accuracy, abs=1.5 / len(truth))
+    # Points that never joined the front carry no model.
+    for run in children:
+        number = int(run.data.tags["optuna.trial_number"])
+        point = next(p for p in points if p.trial_number == number)
+        if "tuner.model_uri" not in run.data.tags:
+            assert not point.pareto
+
+
+def test_the_retrain_command_reproduces_a_point(smoke, tmp_path):
+    study = _load_study(smoke)
+    point = next(p for p in study_points(study) if p.pareto)
+    client = MlflowClient(_stores(smoke)[1])
+    command = shlex.split(client.get_run(point.mlflow_run_id).data.tags["tuner.retrain"])
+    assert command[:3] == ["python", "-m", "tuner"]
+    overrides = command[3:]
+    assert f"deploy.backend={point.backend}" in overrides
+    assert "debug.overrides.study.n_trials=1" in overrides
+    # Run it against fresh stores so the original study is untouched.
+    overrides = [o for o in overrides if not o.startswith(("study.storage=", "tracking.uri="))]
+    result = run_cli(tmp_path, *overrides)
+    assert result.returncode == 0, result.stderr
+    retrained_name = f"bert_ffn-retrain-{point.trained_in_trial}-smoke"
+    retrained = _load_study(tmp_path, retrained_name).get_trials(
+        states=(optuna.trial.TrialState.COMPLETE,)
+    )
+    assert len(retrained) == 1
+    assert retrained[0].user_attrs["deploy.backend"] == point.backend
+    assert retrained[0].values[0] == pytest.approx(point.val_accuracy, abs=1e-9)
+
+
+def test_report_recommends_evaluates_and_exports(smoke, tmp_path):
+    study = _load_study(smoke)
+    expected = recommend(study_points(study), Rule())
+    export = tmp_path / "export"
+    result = _report(smoke, "--export", str(export))
+    assert result.returncode == 0, result.stderr
+    assert f"Recommended: trial #{expected.trial_number}" in result.stdout
+    assert "Pareto front of 'bert_ffn-smoke'" in result.stdout
+
+    run = MlflowClient(_stores(smoke)[1]).get_run(expected.mlflow_run_id)
+    test_accuracy = run.data.metrics["test_accuracy"]
+    assert 0.0 <= test_accuracy <= 1.0
+    assert f"Test accuracy {test_accuracy:.4f}" in result.stdout
+    summary = json.loads((export / "point.json").read_text())
+    assert summary["trial"] == expected.trial_number
+    assert summary["backend"] == expected.backend
+    assert summary["test_accuracy"] == pytest.approx(test_accuracy)
+    assert summary["retrain"].startswith("python -m tuner +experiment=bert_ffn debug=smoke")
+    assert summary["latency_protocol"]["latency.seq_len"] == "32"
+    exported = mlflow.pyfunc.load_model(str(export / "model"))
+    assert len(exported.predict(pd.DataFrame({"text": ["a fine film", "dull"]}))) == 2
+
+    # The test split is evaluated once; a second report reuses the recorded value.
+    again = _report(smoke)
+    assert "evaluated before" in again.stdout and "Evaluating" not in again.stdout
+    # Exporting over a non-empty directory is refused.
+    refused = _report(smoke, "--skip-test", "--export", str(export))
+    assert refused.returncode == 2 and "not empty" in refused.stderr
+
+
+def test_report_rules_and_a_study_still_running(smoke):
+    study = _load_study(smoke)
+    points = study_points(study)
+    fastest = min((p for p in points if p.pareto), key=lambda p: p.latency_ms_p50)
+    budget = _report(smoke, "--skip-test", "--max-latency-ms", repr(fastest.latency_ms_p50))
+    assert budget.returncode == 0, budget.stderr
+    chosen = recommend(points, Rule(max_accuracy_drop=None, max_latency_ms=fastest.latency_ms_p50))
+    assert f"Recommended: trial #{chosen.trial_number}" in budget.stdout
+    nothing = _report(smoke, "--skip-test", "--max-latency-ms", "0.000001")
+    assert nothing.returncode == 1 and "No point of the front" in nothing.stdout
+
+    running = study.ask()  # what a worker in the middle of a trial leaves in the storage
+    try:
+        during = _report(smoke, "--skip-test")
+        assert during.returncode == 0, during.stderr
+        assert "1 trial(s) still running" in during.stdout
+    finally:
+        study.tell(running, state=optuna.trial.TrialState.FAIL)
+
+
+def test_report_names_a_missing_study(smoke):
+    result = _report(smoke, "study.name=nope")
+    assert result.returncode == 2
+    assert "key 'study.name': no study 'nope-smoke'" in result.stderr
+    assert STUDY in result.stderr
+
+
+def test_storage_stays_readable_by_standard_optuna_tools(smoke):
+    study = _load_study(smoke)
+    frame = study.trials_dataframe()
+    assert len(frame) == len(study.trials)
+    assert {"values_val_accuracy", "values_latency_ms_p50"} <= set(frame.columns)
+    figure = optuna.visualization.plot_pareto_front(study)
+    assert figure.data
+    assert [t.number for t in study.best_trials]
+
+
+def test_tags_stay_right_after_a_resume_that_changes_the_front(tmp_path):
+    first = run_cli(tmp_path, *SMOKE, "debug.overrides.study.n_trials=1")
+    assert first.returncode == 0, first.stderr
+    _, _, _, children = _runs(tmp_path)
+    assert any(r.data.tags["pareto"] == "true" for r in children)
+    study = _load_study(tmp_path)
+    reference = study.user_attrs["hypervolume_reference"]
+    # Another worker's point that dominates everything so far, as a shared storage would show.
+    best = max(t.values[0] for t in study.get_trials(states=(optuna.trial.TrialState.COMPLETE,)))
+    study.add_trial(
+        optuna.trial.create_trial(
+            values=[min(best + 0.1, 1.0), 1e-6],
+            user_attrs={"deploy.backend": "eager", "reference_accuracy": min(best + 0.1, 1.0)},
+        )
+    )
+    again = run_cli(tmp_path, *SMOKE, "debug.overrides.study.n_trials=1")
+    assert again.returncode == 0, again.stderr
+    client, _, parents, children = _runs(tmp_path)
+    points = {p.trial_number: p for p in study_points(_load_study(tmp_path))}
+    assert len(children) == 10
+    for run in children:
+        wanted = points[int(run.data.tags["optuna.trial_number"])].pareto
+        assert run.data.tags["pareto"] == ("true" if wanted else "false")
+    # The first invocation's front points are dominated now: their tags flipped.
+    assert all(r.data.tags["pareto"] == "false" for r in children)
+    # The hypervolume reference is the study's, kept across invocations; the curve goes on.
+    assert _load_study(tmp_path).user_attrs["hypervolume_reference"] == reference
+    first_curve = client.get_metric_history(parents[0].info.run_id, "hypervolume")
+    second_curve = client.get_metric_history(parents[1].info.run_id, "hypervolume")
+    assert second_curve[-1].step > first_curve[-1].step
+    assert second_curve[-1].value >= first_curve[-1].value
+    assert math.isfinite(second_curve[-1].value)
+
+
+def test_report_module_runs_from_the_repository_root():
+    result = subprocess.run(
+        [sys.executable, "-m", "tuner.report", "--help"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0
+    assert "--max-latency-ms" in result.stdout and "--export" in result.stdout

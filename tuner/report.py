@@ -1,0 +1,203 @@
+"""`python -m tuner.report [overrides] [options]`: review a study, pick a point, check it once on
+the held-out test split, and export it.
+
+The study is found from the same config keys as `python -m tuner` (`+experiment=...`,
+`study.name`, `study.storage`, `tracking.uri`, `debug=smoke`), so the command that ran a study
+also reports on it. The study may still be running or have been resumed: only complete points
+are read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import mlflow
+import optuna
+import pandas as pd
+from omegaconf import DictConfig
+
+from tuner import console
+from tuner.config import apply_debug, compose_config, resolve
+from tuner.constraints import Constraints
+from tuner.data import load_splits
+from tuner.errors import ConfigError
+from tuner.front import Point, study_points
+from tuner.recommend import DEFAULT_MAX_ACCURACY_DROP, Rule, recommend
+from tuner.serving import TEXT_COLUMN
+from tuner.storage import open_storage
+
+TEST_METRIC = "test_accuracy"
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m tuner.report",
+        description=(
+            "Print a study's accuracy/latency front, recommend a point, evaluate it once on the "
+            "held-out test split and optionally export it. Positional arguments are the Hydra "
+            "overrides that name the study, as given to `python -m tuner`."
+        ),
+        epilog=(
+            "Default rule: the fastest point within 1 accuracy point of the most accurate. "
+            "--max-latency-ms alone: the most accurate point within the budget. Both: the "
+            "fastest point within the drop that fits the budget."
+        ),
+    )
+    parser.add_argument("overrides", nargs="*", help="e.g. +experiment=bert_ffn debug=smoke")
+    parser.add_argument(
+        "--max-accuracy-drop",
+        type=float,
+        default=None,
+        metavar="D",
+        help=f"accuracy units below the most accurate point (default {DEFAULT_MAX_ACCURACY_DROP}"
+        ", or none when only --max-latency-ms is given)",
+    )
+    parser.add_argument("--max-latency-ms", type=float, default=None, metavar="MS")
+    parser.add_argument("--export", type=Path, default=None, metavar="DIR")
+    parser.add_argument(
+        "--skip-test", action="store_true", help="do not evaluate on the test split"
+    )
+    return parser.parse_args(argv)
+
+
+def rule_of(args: argparse.Namespace) -> Rule:
+    drop = args.max_accuracy_drop
+    if drop is None and args.max_latency_ms is None:
+        drop = DEFAULT_MAX_ACCURACY_DROP
+    for flag, value in (("--max-accuracy-drop", drop), ("--max-latency-ms", args.max_latency_ms)):
+        if value is not None and value < 0:
+            raise ConfigError(f"Invalid option {flag} {value}: must be >= 0")
+    return Rule(max_accuracy_drop=drop, max_latency_ms=args.max_latency_ms)
+
+
+def load_study(cfg: DictConfig) -> optuna.Study:
+    name, url = str(cfg.study.name), str(cfg.study.storage)
+    storage, names = open_storage(url)
+    if name not in names:
+        known = ", ".join(sorted(names)) or "none"
+        raise ConfigError(
+            f"Invalid config: key 'study.name': no study '{name}' in {url} (studies there: "
+            f"{known}); pass the overrides the study was run with"
+        )
+    return optuna.load_study(study_name=name, storage=storage)
+
+
+def test_accuracy(point: Point, cfg: DictConfig, client: mlflow.MlflowClient) -> float:
+    """The point's accuracy on the test split, evaluated once and kept on its MLflow run."""
+    assert point.model_uri is not None and point.mlflow_run_id is not None
+    recorded = client.get_run(point.mlflow_run_id).data.metrics.get(TEST_METRIC)
+    if recorded is not None:
+        console.console.print(f"Test accuracy was evaluated before; reusing {recorded:.4f}.")
+        return recorded
+    splits = load_splits(cfg.data)
+    console.console.print(
+        f"Evaluating trial #{point.trial_number} ({point.backend}) on {len(splits.test)} "
+        "held-out test examples ..."
+    )
+    model = mlflow.pyfunc.load_model(point.model_uri)
+    predicted = model.predict(pd.DataFrame({TEXT_COLUMN: splits.test.texts}))["label"].tolist()
+    expected = [splits.label_names[label] for label in splits.test.labels]
+    accuracy = sum(p == e for p, e in zip(predicted, expected, strict=True)) / len(expected)
+    client.log_metric(point.mlflow_run_id, TEST_METRIC, accuracy)
+    client.set_tag(point.mlflow_run_id, "tuner.test_examples", str(len(expected)))
+    return accuracy
+
+
+def export(
+    point: Point,
+    directory: Path,
+    summary: dict[str, Any],
+) -> None:
+    """The MLflow model (artifact, tokenizer, code, requirements) and `point.json`."""
+    if directory.exists() and any(directory.iterdir()):
+        raise ConfigError(f"Invalid option --export {directory}: the directory is not empty")
+    directory.mkdir(parents=True, exist_ok=True)
+    mlflow.artifacts.download_artifacts(
+        artifact_uri=point.model_uri, dst_path=str(directory / "model")
+    )
+    (directory / "point.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+
+
+def _summary(
+    study: optuna.Study,
+    point: Point,
+    rule: Rule,
+    accuracy: float | None,
+    client: mlflow.MlflowClient,
+) -> dict[str, Any]:
+    run = client.get_run(point.mlflow_run_id) if point.mlflow_run_id else None
+    params = run.data.params if run else {}
+    return {
+        "study": study.study_name,
+        "trial": point.trial_number,
+        "trained_in_trial": point.trained_in_trial,
+        "backend": point.backend,
+        "rule": rule.describe(),
+        "val_accuracy": point.val_accuracy,
+        TEST_METRIC: accuracy,
+        "latency_ms_p50": point.latency_ms_p50,
+        "latency_ms_p95": point.latency_ms_p95,
+        "model_size_mb": point.model_size_mb,
+        "params": point.params,
+        "latency_protocol": {k: v for k, v in params.items() if k.startswith("latency.")},
+        "model_uri": point.model_uri,
+        "mlflow_run_id": point.mlflow_run_id,
+        "retrain": run.data.tags.get("tuner.retrain") if run else None,
+    }
+
+
+def report(args: argparse.Namespace) -> int:
+    rule = rule_of(args)
+    cfg = resolve(apply_debug(compose_config(args.overrides)))
+    study = load_study(cfg)
+    mlflow.set_tracking_uri(str(cfg.tracking.uri))
+    client = mlflow.MlflowClient(str(cfg.tracking.uri))
+    points = study_points(study, Constraints.from_config(cfg.study))
+    failed = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,)))
+    console.front_summary(study.study_name, points, failed)
+    running = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
+    if running:
+        console.console.print(f"{len(running)} trial(s) still running: this is the front so far.")
+    point = recommend(points, rule)
+    if point is None:
+        console.console.print(f"[red]No point of the front is {rule.describe()}.[/]")
+        return 1
+    console.recommendation(point, rule.describe())
+    if point.model_uri is None:
+        console.console.print(
+            f"[yellow]Trial #{point.trial_number} has no logged model (its logging failed, or "
+            "it was made by an older version); retrain it with the command in its MLflow run's "
+            "`tuner.retrain` tag.[/]"
+        )
+        if args.export:
+            raise ConfigError(f"Invalid option --export: trial #{point.trial_number} has no model")
+        return 0
+    accuracy = None if args.skip_test else test_accuracy(point, cfg, client)
+    if accuracy is not None:
+        console.console.print(
+            f"Test accuracy {accuracy:.4f} (validation {point.val_accuracy:.4f}); logged as "
+            f"`{TEST_METRIC}` on run {point.mlflow_run_id}."
+        )
+    if args.export:
+        export(point, args.export, _summary(study, point, rule, accuracy, client))
+        console.console.print(f"Exported to {args.export} (model/, point.json).")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    console.quiet_libraries()
+    try:
+        return report(args)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

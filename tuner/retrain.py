@@ -1,0 +1,73 @@
+"""The command that trains one point's model again, exactly.
+
+It is the invocation's own command line with every searched key pinned to the point's value
+(pinned keys are not searched), one trial, and a study of its own so that the original study is
+left as it was; Hydra's own settings (`hydra.*`) are left to each invocation. Model building
+and training are seeded (`train.seed`, `data.split_seed`), so the retrained model matches the
+point's.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Collection, Mapping, Sequence
+from typing import Any
+
+from hydra.core.override_parser.overrides_parser import OverridesParser
+
+_PROFILE_PREFIX = "debug.overrides."
+_PLAIN = re.compile(r"^[A-Za-z_][\w.\-/]*$")
+
+
+def override_keys(overrides: Sequence[str]) -> set[str]:
+    """The config keys (or groups) that command-line overrides set."""
+    return {o.key_or_group for o in OverridesParser.create().parse_overrides(list(overrides))}
+
+
+def _value(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    text = str(value)
+    if _PLAIN.match(text) and text.lower() not in {"true", "false", "null"}:
+        return text
+    escaped = text.replace("\\", "\\\\").replace("'", "\\'")
+    return f"'{escaped}'"
+
+
+def retrain_overrides(
+    invocation: Sequence[str],
+    params: Mapping[str, Any],
+    study_name: str,
+    trial_number: int,
+    profile_keys: Collection[str] = (),
+) -> list[str]:
+    """Hydra overrides that retrain the point with `params` (its searched values).
+
+    Args:
+        invocation: the overrides of the invocation that made the point (`+experiment=...`
+            and anything the user set).
+        study_name: the configured `study.name` before any debug profile suffix.
+        profile_keys: keys the active debug profile sets; they can only be changed through
+            `debug.overrides.<key>`, since the profile is laid over the command line.
+    """
+    settings = {**params, "study.n_trials": 1, "study.name": f"{study_name}-retrain-{trial_number}"}
+    parsed = OverridesParser.create().parse_overrides(list(invocation))
+    kept = [
+        o.input_line
+        for o in parsed
+        if o.key_or_group.removeprefix(_PROFILE_PREFIX) not in settings
+        and not o.key_or_group.startswith("hydra.")
+    ]
+    return kept + [
+        f"{_PROFILE_PREFIX if key in profile_keys else ''}{key}={_value(value)}"
+        for key, value in settings.items()
+    ]
+
+
+def retrain_command(overrides: Sequence[str]) -> str:
+    return shlex.join(["python", "-m", "tuner", *overrides])
