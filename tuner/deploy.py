@@ -47,6 +47,8 @@ class BackendResult:
     latency: LatencyResult | None = None
     model_size_mb: float = float("nan")
     convert_seconds: float = float("nan")
+    # Everything deployment took: conversion, the validation pass and the latency protocol.
+    deploy_seconds: float = float("nan")
     peak_memory_mb: float = float("nan")
     # The file one would ship; it lives in the deployment's working directory.
     artifact: Path | None = None
@@ -63,6 +65,7 @@ class BackendResult:
             "agreement_with_eager": self.agreement,
             "max_logit_diff": self.max_logit_diff,
             "convert_seconds": self.convert_seconds,
+            "deploy_seconds": self.deploy_seconds,
             "peak_memory_mb": self.peak_memory_mb,
         }
 
@@ -132,6 +135,7 @@ def deploy_on(
 ) -> BackendResult:
     """Convert, check and time `model` on one backend, leaving its artifact in `workdir`;
     failures come back as `error`."""
+    started = time.perf_counter()
     try:
         with track_peak_memory() as memory:
             converted = convert(backend_name, model, example, deploy_cfg, workdir)
@@ -144,6 +148,7 @@ def deploy_on(
         latency=latency,
         model_size_mb=converted.size_mb,
         convert_seconds=converted.seconds,
+        deploy_seconds=time.perf_counter() - started,
         peak_memory_mb=memory.growth_mb,
         artifact=converted.artifact,
         **checks,

