@@ -37,6 +37,7 @@ from tuner.edits.ffn_width import shrink_ffn
 from tuner.front import study_points
 from tuner.latency import LatencyProtocol, cpu_model, example_inputs, measure_latency
 from tuner.models import build_model, resolve_name_or_path
+from tuner.recipe import ModelRecipe
 from tuner.training import collect_logits, initialise_new_layers, train
 
 BASELINE = "eager fp32, full width"
@@ -74,7 +75,7 @@ def fine_tuned_minilm(args: argparse.Namespace):
     train_cfg.epochs = 1
     val = tokenize(tokenizer, splits.val, 64)
     train(model, tokenize(tokenizer, splits.train, 64), val, train_cfg)
-    return model.eval(), tokenizer, splits, val
+    return model.eval(), model_cfg, tokenizer, splits, val
 
 
 def main() -> int:
@@ -82,9 +83,12 @@ def main() -> int:
     quiet_libraries()
     torch.set_num_threads(args.threads)
     print(f"Fine-tuning MiniLM-L6 on {args.train_samples} snippets ...", file=sys.stderr)
-    full, tokenizer, splits, val = fine_tuned_minilm(args)
+    full, model_cfg, tokenizer, splits, val = fine_tuned_minilm(args)
     edited = copy.deepcopy(full)
     shrink_ffn(edited, args.ffn_width)
+    recipe = ModelRecipe.of(
+        OmegaConf.merge(model_cfg, {"ffn_width": args.ffn_width}), splits.num_labels
+    )
     reference = reference_of(edited, val)
     protocol = LatencyProtocol(args.batch_size, args.seq_len, args.threads, 10, args.repeats)
     example = example_inputs(tokenizer, splits.val.texts, protocol)
@@ -95,7 +99,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as workdir:
         for name in args.backends:
             try:
-                converted = convert(name, edited, example, deploy_cfg, Path(workdir) / name)
+                workdir_of = Path(workdir) / name
+                converted = convert(name, edited, recipe, example, deploy_cfg, workdir_of)
                 checks = check_outputs(collect_logits(converted.logits_of, val), reference)
             except Exception as exc:  # an unavailable or failing backend is reported, not fatal
                 print(f"{name}: {type(exc).__name__}: {exc}", file=sys.stderr)

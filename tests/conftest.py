@@ -8,34 +8,36 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import BertConfig, BertModel
+from omegaconf import OmegaConf
 
 from tuner.models.hf_encoder import SequenceClassifier
+from tuner.recipe import ModelRecipe
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+TINY_BERT = ModelRecipe(
+    model={
+        **OmegaConf.to_container(OmegaConf.load(REPO / "conf" / "model" / "minilm.yaml")),
+        "random_init": True,
+        "config_overrides": {
+            "vocab_size": 100,
+            "hidden_size": 32,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 2,
+            "intermediate_size": 1536,
+            "max_position_embeddings": 64,
+        },
+    },
+    num_labels=2,
+)
 
 
 @pytest.fixture
 def tiny_bert() -> SequenceClassifier:
     """A random-init BERT with MiniLM's FFN width, small enough for unit tests."""
     torch.manual_seed(0)
-    config = BertConfig(
-        vocab_size=100,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=1536,
-        max_position_embeddings=64,
-    )
-    model = SequenceClassifier(
-        BertModel(config),
-        2,
-        pooling="mean",
-        head_activation="gelu",
-        dropout=0.1,
-        encoder_is_new=True,
-    )
-    return model.eval()
+    return TINY_BERT.build()
 
 
 def cli_command(cwd: Path, *args: str) -> list[str]:

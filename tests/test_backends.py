@@ -7,12 +7,14 @@ import math
 
 import pytest
 import torch
+from conftest import TINY_BERT
 from omegaconf import OmegaConf
 
 from tuner.backends import BACKENDS, Backend, ExampleInputs
 from tuner.data.tokens import TokenizedTexts
 from tuner.deploy import deploy_on, reference_of
 from tuner.latency import LatencyProtocol
+from tuner.recipe import ModelRecipe
 
 # Largest |logit - eager logit| each backend may show on the tiny model. A new backend must
 # state its own here.
@@ -44,9 +46,10 @@ def _example(data: TokenizedTexts) -> ExampleInputs:
 
 
 def _deploy(name, model, data, workdir, deploy=DEPLOY):
-    """Deploy `model` on one backend, compared with its own eager logits on `data`."""
+    """Deploy `model` (the tiny BERT) on one backend, against its own eager logits on `data`."""
     reference = reference_of(model, data)
-    return deploy_on(name, model, reference, data, _example(data), PROTOCOL, deploy, workdir)
+    example = _example(data)
+    return deploy_on(name, model, TINY_BERT, reference, data, example, PROTOCOL, deploy, workdir)
 
 
 def test_every_backend_states_a_tolerance():
@@ -121,3 +124,34 @@ def test_export_error_is_kept_on_the_point(tiny_bert, val_data, tmp_path):
     result = _deploy("onnxruntime", tiny_bert, val_data, tmp_path, broken)
     assert result.error is not None and "opset" in result.error.lower()
     assert result.latency is None
+
+
+def test_pytorch_artifacts_are_plain_tensors_with_their_recipe(tiny_bert, val_data, tmp_path):
+    from safetensors import safe_open
+
+    from tuner.backends.torch_files import RECIPE_KEY
+
+    artifact = _deploy("eager", tiny_bert, val_data, tmp_path).artifact
+    with safe_open(str(artifact), framework="pt") as stored:
+        assert ModelRecipe.from_json(stored.metadata()[RECIPE_KEY]) == TINY_BERT
+    quantized = _deploy("int8_dynamic", tiny_bert, val_data, tmp_path).artifact
+    # Readable without unpickling any code.
+    saved = torch.load(quantized, weights_only=True)
+    assert set(saved) == {RECIPE_KEY, "state_dict"}
+
+
+class _RunsCode:
+    def __reduce__(self):
+        return (print, ("this must never run",))
+
+
+def test_a_pickled_object_in_an_artifact_is_refused(tmp_path, capsys):
+    import pickle
+
+    from tuner.backends.torch_files import RECIPE_KEY, load_quantized
+
+    bad = tmp_path / "model.int8.pt"
+    torch.save({RECIPE_KEY: TINY_BERT.to_json(), "state_dict": _RunsCode()}, bad)
+    with pytest.raises(pickle.UnpicklingError):
+        load_quantized(bad, lambda model: model)
+    assert "this must never run" not in capsys.readouterr().out

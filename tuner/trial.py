@@ -47,6 +47,7 @@ from tuner.front import MODEL_URI_ATTR, RUN_ID_ATTR, points_of
 from tuner.latency import LatencyProtocol
 from tuner.models import build_model
 from tuner.pareto import pareto_mask
+from tuner.recipe import ModelRecipe
 from tuner.recovery import requeue
 from tuner.retrain import retrain_command, retrain_overrides
 from tuner.serving import PointSpec, deploy_config, log_point_model
@@ -259,11 +260,13 @@ class Objective:
     ) -> dict[str, BackendResult]:
         ctx = self.context
         backends = [own_backend] + [b for b in ctx.backends if b != own_backend]
+        recipe = ModelRecipe.of(cfg.model, len(ctx.serving.label_names))
         results = {}
         for backend in backends:
             result = deploy_on(
                 backend,
                 trained.model,
+                recipe,
                 trained.reference,
                 ctx.val_data,
                 ctx.example,

@@ -15,6 +15,7 @@ import torch
 from omegaconf import DictConfig
 from torch import nn
 
+from tuner.recipe import ModelRecipe
 from tuner.registry import Registry
 
 Logits = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -30,11 +31,13 @@ class ExampleInputs:
 
 @dataclass(frozen=True)
 class ConversionContext:
-    """What a conversion may use: example inputs, a scratch directory, the `deploy` config."""
+    """What a conversion may use: example inputs, a scratch directory, the `deploy` config,
+    and the model's recipe (PyTorch artifacts ship it beside their weights)."""
 
     example: ExampleInputs
     workdir: Path
     deploy: DictConfig
+    recipe: ModelRecipe
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from torch import nn
 
 from tuner.backends.base import BACKENDS, Backend, ConversionContext, Logits
 from tuner.backends.cpu import cpu_flags
-from tuner.backends.torch_files import load_module, save_module
+from tuner.backends.torch_files import load_weights, save_weights
 
 NATIVE_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16", "bf16"})
 
@@ -24,15 +24,14 @@ def _unavailable() -> str | None:
 
 
 def _export(model: nn.Module, ctx: ConversionContext) -> Path:
-    return save_module(
-        copy.deepcopy(model).eval().to(torch.bfloat16), ctx.workdir / "model.bf16.pt"
-    )
+    shipped = copy.deepcopy(model).eval().to(torch.bfloat16)
+    return save_weights(shipped, ctx.recipe, ctx.workdir / "model.bf16.safetensors")
 
 
 def _load(artifact: Path, deploy: DictConfig) -> Logits:
     # Autocast keeps norms and softmax in fp32, so the stored bf16 weights are widened once here
-    # and each matmul casts back to bf16.
-    model = load_module(artifact).float()
+    # (loading casts them into the fp32 architecture) and each matmul casts back to bf16.
+    model = load_weights(artifact)
 
     def logits_of(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         with torch.autocast("cpu", dtype=torch.bfloat16):

@@ -14,7 +14,7 @@ from omegaconf import DictConfig
 from torch import nn
 
 from tuner.backends.base import BACKENDS, Backend, ConversionContext, Logits
-from tuner.backends.torch_files import load_module, save_module
+from tuner.backends.torch_files import load_weights, save_weights
 
 
 def _unavailable() -> str | None:
@@ -24,11 +24,11 @@ def _unavailable() -> str | None:
 
 
 def _export(model: nn.Module, ctx: ConversionContext) -> Path:
-    return save_module(model.eval(), ctx.workdir / "model.pt")
+    return save_weights(model.eval(), ctx.recipe, ctx.workdir / "model.safetensors")
 
 
 def _load(artifact: Path, deploy: DictConfig) -> Logits:
-    return torch.compile(load_module(artifact), mode=str(deploy.compile.mode), dynamic=True)
+    return torch.compile(load_weights(artifact), mode=str(deploy.compile.mode), dynamic=True)
 
 
 BACKENDS.register("compile")(

@@ -10,7 +10,7 @@ from omegaconf import DictConfig
 from torch import nn
 
 from tuner.backends.base import BACKENDS, Backend, ConversionContext, Logits
-from tuner.backends.torch_files import load_module, save_module
+from tuner.backends.torch_files import load_quantized, save_quantized
 
 ENGINES = ("x86", "fbgemm", "onednn", "qnnpack")
 
@@ -21,20 +21,21 @@ def _unavailable() -> str | None:
     return None
 
 
-def _export(model: nn.Module, ctx: ConversionContext) -> Path:
+def _quantize(model: nn.Module) -> nn.Module:
     with warnings.catch_warnings():
         # torch.ao.quantization announces its move to torchao; the API still works here.
         warnings.simplefilter("ignore")
-        quantized = torch.ao.quantization.quantize_dynamic(
+        return torch.ao.quantization.quantize_dynamic(
             model.eval(), {nn.Linear}, dtype=torch.qint8, inplace=False
         )
-    return save_module(quantized, ctx.workdir / "model.int8.pt")
+
+
+def _export(model: nn.Module, ctx: ConversionContext) -> Path:
+    return save_quantized(_quantize(model), ctx.recipe, ctx.workdir / "model.int8.pt")
 
 
 def _load(artifact: Path, deploy: DictConfig) -> Logits:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return load_module(artifact)
+    return load_quantized(artifact, _quantize)
 
 
 BACKENDS.register("int8_dynamic")(

@@ -1,25 +1,52 @@
-"""Whole PyTorch modules as files, shared by the backends that ship a PyTorch model.
+"""PyTorch weights as files, shared by the backends that ship a PyTorch model.
 
-The module is pickled whole (architecture and weights) because structural edits and
-quantisation change the architecture: a state dict alone could not be loaded without replaying
-them. Loading therefore needs `tuner` importable, which the logged MLflow model provides by
-shipping the package as code.
+Weights are plain tensors with the model's recipe beside them: safetensors (recipe in its
+metadata) for float models, and for quantised ones, whose packed weights safetensors cannot
+hold, a state dict read back with `torch.load(weights_only=True)`. Loading rebuilds the
+architecture from the recipe and fills it, so no artifact can run code when it is loaded.
 """
 
 from __future__ import annotations
 
+import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
+from safetensors.torch import load_model, save_model
 from torch import nn
 
+from tuner.recipe import ModelRecipe
 
-def save_module(module: nn.Module, path: Path) -> Path:
-    torch.save(module, path)
+RECIPE_KEY = "tuner.recipe"
+
+
+def save_weights(module: nn.Module, recipe: ModelRecipe, path: Path) -> Path:
+    save_model(module, str(path), metadata={RECIPE_KEY: recipe.to_json()})
     return path
 
 
-def load_module(path: Path) -> nn.Module:
-    # Full unpickling is needed for a whole module; only load artifacts this project wrote.
-    module = torch.load(path, weights_only=False, map_location="cpu")
-    return module.eval()
+def load_weights(path: Path) -> nn.Module:
+    """The float model; weights stored in another float dtype are cast to the model's."""
+    with safe_open(str(path), framework="pt") as stored:
+        recipe = ModelRecipe.from_json(stored.metadata()[RECIPE_KEY])
+    model = recipe.build()
+    load_model(model, str(path))
+    return model.eval()
+
+
+def save_quantized(module: nn.Module, recipe: ModelRecipe, path: Path) -> Path:
+    torch.save({RECIPE_KEY: recipe.to_json(), "state_dict": module.state_dict()}, path)
+    return path
+
+
+def load_quantized(path: Path, quantize: Callable[[nn.Module], nn.Module]) -> nn.Module:
+    """Rebuild the float architecture, quantise it the same way, then load the saved state."""
+    with warnings.catch_warnings():
+        # Quantised tensors are rebuilt through torch's deprecated TypedStorage path.
+        warnings.simplefilter("ignore", UserWarning)
+        saved = torch.load(path, weights_only=True, map_location="cpu")
+    model = quantize(ModelRecipe.from_json(saved[RECIPE_KEY]).build())
+    model.load_state_dict(saved["state_dict"])
+    return model.eval()
