@@ -12,9 +12,11 @@ ConstraintsFunc = Callable[[optuna.trial.FrozenTrial], Sequence[float]] | None
 SamplerFactory = Callable[[int, ConstraintsFunc], optuna.samplers.BaseSampler]
 
 SAMPLERS: Registry[SamplerFactory] = Registry("study.sampler")
+# The constant liar treats trials running in other workers as bad, so that parallel workers
+# spread out instead of sampling next to each other; alone, a worker has none running.
 SAMPLERS.register("tpe")(
     lambda seed, constraints: optuna.samplers.TPESampler(
-        seed=seed, multivariate=True, constraints_func=constraints
+        seed=seed, multivariate=True, constraints_func=constraints, constant_liar=True
     )
 )
 SAMPLERS.register("nsga2")(
