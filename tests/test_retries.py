@@ -80,3 +80,12 @@ def test_the_retrying_storage_is_a_complete_optuna_storage(tmp_path):
         len(optuna.load_study(study_name="s", storage=f"sqlite:///{tmp_path}/optuna.db").trials)
         == 3
     )
+
+
+def test_journal_file_storage_opens_for_parallel_workers_without_a_server(tmp_path):
+    url = f"journal:///{tmp_path}/study.log"
+    storage, names = open_storage(url)
+    assert names == []
+    study = optuna.create_study(storage=storage, study_name="s", directions=["maximize"])
+    study.optimize(lambda trial: trial.suggest_float("x", 0, 1), n_trials=2)
+    assert len(open_storage(url)[0].get_all_trials(study._study_id)) == 2

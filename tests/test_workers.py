@@ -208,7 +208,7 @@ def test_sqlite_refuses_a_second_worker(tmp_path):
         second = Worker(tmp_path, storage, tracking)
         assert second.finish() == 2
         assert "SQLite is not safe for parallel Optuna writers" in second.output
-        assert "postgresql+psycopg://" in second.output
+        assert "postgresql+psycopg://" in second.output and "journal:///" in second.output
     finally:
         first.process.send_signal(signal.SIGTERM)
         first.finish()

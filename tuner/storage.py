@@ -25,6 +25,8 @@ from tuner.retries import retrying
 
 StaleCallback = Callable[[optuna.Study, optuna.trial.FrozenTrial], None]
 _RDB_SCHEMES = ("sqlite", "postgresql", "mysql", "oracle", "mssql")
+# `journal:///abs/path.log` (or `journal://rel/path.log`): Optuna's journal file storage.
+JOURNAL_PREFIX = "journal://"
 
 
 @dataclass(frozen=True)
@@ -97,6 +99,14 @@ def _rdb_storage(
     raise AssertionError("unreachable")
 
 
+def _journal_storage(path: str) -> BaseStorage:
+    from optuna.storages.journal import JournalFileBackend
+
+    # Optuna's append-only log file: parallel writers need no server, but it has no
+    # heartbeats, so a dead worker's trial stays RUNNING until it is failed by hand.
+    return optuna.storages.JournalStorage(JournalFileBackend(path))
+
+
 def open_storage(
     url: str, heartbeat: Heartbeat | None = None, on_stale: StaleCallback | None = None
 ) -> tuple[BaseStorage, list[str]]:
@@ -104,6 +114,8 @@ def open_storage(
     try:
         if is_rdb(url):
             storage: BaseStorage = _rdb_storage(url, heartbeat, on_stale)
+        elif url.startswith(JOURNAL_PREFIX):
+            storage = _journal_storage(url.removeprefix(JOURNAL_PREFIX))
         else:
             storage = optuna.storages.get_storage(url)
         names = [s.study_name for s in storage.get_all_studies()]

@@ -16,6 +16,7 @@ import optuna
 import torch
 from omegaconf import DictConfig, OmegaConf
 from optuna.distributions import CategoricalDistribution
+from optuna.storages._heartbeat import is_heartbeat_enabled
 from optuna.trial import TrialState
 from transformers import AutoTokenizer
 
@@ -107,9 +108,11 @@ def _refuse_parallel_sqlite(url: str, storage: optuna.storages.BaseStorage, stud
             f"Invalid config: key 'study.storage': another worker is running trial "
             f"#{live[0]} of this study in {url}. SQLite is not safe for parallel Optuna "
             "writers: give every worker a server database "
-            "(study.storage=postgresql+psycopg://user:password@host/db), or run one worker "
-            "at a time. If that worker is dead, its trial is failed and queued again once it "
-            "has sent no heartbeat for study.heartbeat.grace_period seconds."
+            "(study.storage=postgresql+psycopg://user:password@host/db) or Optuna's journal "
+            "file (study.storage=journal:///shared/path/study.log, no server, but no "
+            "heartbeats), or run one worker at a time. If that worker is dead, its trial is "
+            "failed and queued again once it has sent no heartbeat for "
+            "study.heartbeat.grace_period seconds."
         )
 
 
@@ -298,7 +301,8 @@ def _run_to_budget(
         running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
         if study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
             continue
-        if not running:
+        # Without heartbeats a dead worker's trial would be waited for forever.
+        if not running or not is_heartbeat_enabled(study._storage):
             return
         if not told:
             console.waiting_for_workers(len(running))
