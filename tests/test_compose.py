@@ -17,6 +17,7 @@ from tuner.config import (
     resolve,
     search_space_sources,
 )
+from tuner.errors import ConfigError
 from tuner.space import build_search_space
 
 EXPERIMENTS = sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
@@ -67,3 +68,10 @@ def test_debug_profile_wins_over_the_experiment_and_renames_the_study():
         )
     )
     assert tuned.study.n_trials == 3
+
+
+def test_a_heartbeat_grace_period_within_one_interval_is_refused():
+    cfg = resolve(_compose("+experiment=bert_ffn", "study.heartbeat.grace_period=10"))
+    space = build_search_space(cfg.search_space, cfg, {})
+    with pytest.raises(ConfigError, match="'study.heartbeat.grace_period': 10 must be longer"):
+        check_config(cfg, space, {})

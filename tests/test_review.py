@@ -185,9 +185,10 @@ def test_report_recommends_evaluates_and_exports(smoke, tmp_path):
     # The test split is evaluated once; a second report reuses the recorded value.
     again = _report(smoke)
     assert "evaluated before" in again.stdout and "Evaluating" not in again.stdout
-    # Exporting over a non-empty directory is refused.
-    refused = _report(smoke, "--skip-test", "--export", str(export))
+    # Exporting over a non-empty directory is refused before anything is read or evaluated.
+    refused = _report(smoke, "--export", str(export))
     assert refused.returncode == 2 and "not empty" in refused.stderr
+    assert "Pareto front" not in refused.stdout
 
 
 def test_report_rules_and_a_study_still_running(smoke):

@@ -110,6 +110,17 @@ def check_config(cfg: DictConfig, space: SearchSpace, sources: Mapping[str, str]
                 raise ConfigError(
                     f"Invalid config: key '{key}'{where}: {value!r} {rule}" + _source(key, sources)
                 )
+    _check_heartbeat(cfg)
+
+
+def _check_heartbeat(cfg: DictConfig) -> None:
+    heartbeat = cfg.study.heartbeat
+    if heartbeat.grace_period <= heartbeat.interval:
+        raise ConfigError(
+            f"Invalid config: key 'study.heartbeat.grace_period': {heartbeat.grace_period} must "
+            f"be longer than study.heartbeat.interval ({heartbeat.interval}), or live trials "
+            "would be taken for dead ones"
+        )
 
 
 def _source(key: str, sources: Mapping[str, str]) -> str:

@@ -65,6 +65,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def check_export_directory(directory: Path | None) -> None:
+    """Checked before anything is read or evaluated, so a bad option costs nothing."""
+    if directory is not None and directory.exists() and any(directory.iterdir()):
+        raise ConfigError(f"Invalid option --export {directory}: the directory is not empty")
+
+
 def rule_of(args: argparse.Namespace) -> Rule:
     drop = args.max_accuracy_drop
     if drop is None and args.max_latency_ms is None:
@@ -114,8 +120,6 @@ def export(
     summary: dict[str, Any],
 ) -> None:
     """The MLflow model (artifact, tokenizer, code, requirements) and `point.json`."""
-    if directory.exists() and any(directory.iterdir()):
-        raise ConfigError(f"Invalid option --export {directory}: the directory is not empty")
     directory.mkdir(parents=True, exist_ok=True)
     mlflow.artifacts.download_artifacts(
         artifact_uri=point.model_uri, dst_path=str(directory / "model")
@@ -153,6 +157,7 @@ def _summary(
 
 def report(args: argparse.Namespace) -> int:
     rule = rule_of(args)
+    check_export_directory(args.export)
     cfg = resolve(apply_debug(compose_config(args.overrides)))
     study = load_study(cfg)
     mlflow.set_tracking_uri(str(cfg.tracking.uri))

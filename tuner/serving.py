@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import mlflow
-import numpy as np
 import pandas as pd
 import torch
 from mlflow.models import Model, ModelSignature
@@ -80,24 +79,22 @@ class PointModel(mlflow.pyfunc.PythonModel):
         self.tokenizer = AutoTokenizer.from_pretrained(context.artifacts["tokenizer"])
 
     def predict(self, context, model_input: pd.DataFrame, params=None) -> pd.DataFrame:
+        from tuner.data.tokens import tokenize_texts
+        from tuner.training import collect_logits
+
         texts = _texts(model_input)
-        labels: list[str] = []
-        scores: list[float] = []
-        for start in range(0, len(texts), _BATCH):
-            encoded = self.tokenizer(
-                texts[start : start + _BATCH],
-                padding=True,
-                truncation=True,
-                max_length=self.spec.max_length,
-                return_tensors="pt",
-            )
-            with torch.inference_mode():
-                logits = self.logits_of(encoded["input_ids"], encoded["attention_mask"])
-            probabilities = torch.softmax(logits.float(), dim=-1)
-            best = probabilities.max(dim=-1)
-            labels += [self.spec.label_names[i] for i in best.indices.tolist()]
-            scores += best.values.tolist()
-        return pd.DataFrame({"label": labels, "score": np.asarray(scores, dtype=np.float64)})
+        if not texts:
+            return pd.DataFrame({"label": pd.Series(dtype=str), "score": pd.Series(dtype=float)})
+        # The same tokenisation and batching that measured the point's validation accuracy.
+        encoded = tokenize_texts(self.tokenizer, texts, self.spec.max_length)
+        logits = collect_logits(self.logits_of, encoded, batch_size=_BATCH)
+        best = torch.softmax(logits, dim=-1).max(dim=-1)
+        return pd.DataFrame(
+            {
+                "label": [self.spec.label_names[i] for i in best.indices.tolist()],
+                "score": best.values.double().numpy(),
+            }
+        )
 
 
 def _texts(model_input: Any) -> list[str]:

@@ -21,7 +21,7 @@ from optuna.storages import BaseStorage, RDBStorage
 from optuna.storages._heartbeat import BaseHeartbeat
 
 from tuner.errors import ConfigError
-from tuner.retries import retrying
+from tuner.retries import call_with_retries
 
 StaleCallback = Callable[[optuna.Study, optuna.trial.FrozenTrial], None]
 _RDB_SCHEMES = ("sqlite", "postgresql", "mysql", "oracle", "mssql")
@@ -33,8 +33,8 @@ JOURNAL_PREFIX = "journal://"
 class Heartbeat:
     """Seconds between a running trial's heartbeats, and of silence before it counts as dead."""
 
-    interval: int = 10
-    grace_period: int = 30
+    interval: int
+    grace_period: int
 
     @classmethod
     def from_config(cls, heartbeat_cfg: DictConfig) -> Heartbeat:
@@ -62,7 +62,7 @@ class RetryingStorage(BaseStorage, BaseHeartbeat):
 
 def _forward(name: str):
     def method(self: RetryingStorage, *args, **kwargs):
-        return retrying(getattr(self.inner, name))(*args, **kwargs)
+        return call_with_retries(getattr(self.inner, name), *args, **kwargs)
 
     method.__name__ = name
     return method

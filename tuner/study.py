@@ -35,7 +35,7 @@ from tuner.data import load_splits
 from tuner.data.tokens import tokenize
 from tuner.edits import EDITS
 from tuner.errors import ConfigError
-from tuner.front import Point, front_note, study_points
+from tuner.front import Point, front_note, points_of, study_points
 from tuner.latency import LatencyProtocol, example_inputs
 from tuner.models import resolve_name_or_path
 from tuner.recovery import StaleTrials, sigterm_as_interrupt
@@ -102,8 +102,10 @@ def _worker_salt(url: str) -> int:
 
 
 def _refuse_parallel_sqlite(url: str, storage: optuna.storages.BaseStorage, study_id: int) -> None:
+    if not is_sqlite(url):
+        return
     live = live_trial_numbers(storage, study_id)
-    if is_sqlite(url) and live:
+    if live:
         raise ConfigError(
             f"Invalid config: key 'study.storage': another worker is running trial "
             f"#{live[0]} of this study in {url}. SQLite is not safe for parallel Optuna "
@@ -217,15 +219,15 @@ def run_study(
     )
 
     def publish(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
-        points = study_points(study, constraints)
+        trials = study.get_trials(deepcopy=False)
+        points = points_of(trials, constraints)
         progress = convergence(study, cfg.study.hypervolume_reference, points)
-        step = len(study.get_trials(deepcopy=False))
         note = front_note(study.study_name, points, progress, protocol_record)
         tracker.publish_front(parent_id, study.study_name, points, note)
         if progress is not None:
-            tracker.log_metrics(parent_id, progress.metrics(), step=step)
+            tracker.log_metrics(parent_id, progress.metrics(), step=len(trials))
         # Running trials of every worker count, so the last ones stop without asking for more.
-        if budget.trained(study.get_trials(deepcopy=False)) >= n_trials:
+        if budget.trained(trials) >= n_trials:
             study.stop()
 
     with tempfile.TemporaryDirectory(prefix="tuner-tokenizer-") as tokenizer_dir:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import mlflow
-from mlflow.entities import Metric, Param
+from mlflow.entities import Metric, Param, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
@@ -85,13 +85,13 @@ class Tracker:
         }
         run = self.client.create_run(self.experiment_id, tags=tags)
         if trial_number is not None:
-            self.set_trial_number(run.info.run_id, trial_number)
+            self.set_trial_number(run.info.run_id, trial_number, backend)
         self.client.log_batch(run.info.run_id, params=_params(params))
         return run.info.run_id
 
-    def set_trial_number(self, run_id: str, trial_number: int) -> None:
-        backend = self.client.get_run(run_id).data.tags.get("deploy.backend", "")
+    def set_trial_number(self, run_id: str, trial_number: int, backend: str) -> None:
         self.client.set_tag(run_id, "optuna.trial_number", str(trial_number))
+        # Through set_tag, which MLflow turns into a rename of the run.
         self.client.set_tag(run_id, "mlflow.runName", f"trial-{trial_number}-{backend}")
 
     def replay_epochs(self, run_id: str, epochs: Sequence[EpochResult]) -> None:
@@ -106,18 +106,21 @@ class Tracker:
         self.client.log_batch(run_id, metrics=batch)
 
     def set_tags(self, run_id: str, tags: Mapping[str, str]) -> None:
-        for key, value in tags.items():
-            self.client.set_tag(run_id, key, value)
+        self.client.log_batch(run_id, tags=[RunTag(key, value) for key, value in tags.items()])
 
     def finish(self, run_id: str) -> None:
         self.client.set_terminated(run_id, "FINISHED")
 
     def fail(self, run_id: str, reason: str) -> None:
-        self.client.set_tag(run_id, "failure_reason", reason[:5000])
-        self.client.set_terminated(run_id, "FAILED")
+        self.close(run_id, "FAILED", reason)
 
     def kill(self, run_id: str) -> None:
         self.client.set_terminated(run_id, "KILLED")
+
+    def close(self, run_id: str, status: str, reason: str) -> None:
+        """End a run that did not finish, with the reason as its `failure_reason` tag."""
+        self.client.set_tag(run_id, "failure_reason", reason[:5000])
+        self.client.set_terminated(run_id, status)
 
     def publish_front(
         self, parent_id: str, study_name: str, points: list[Point], note: str
@@ -145,12 +148,10 @@ class Tracker:
             f"tags.`tuner.trained_in_trial` = '{trained_in}' and attributes.status = 'RUNNING'",
         )
         for run in runs:
-            self.client.set_tag(run.info.run_id, "failure_reason", reason[:5000])
-            self.client.set_terminated(run.info.run_id, status)
+            self.close(run.info.run_id, status, reason)
             parent_id = run.data.tags.get("mlflow.parentRunId")
             if parent_id and self.client.get_run(parent_id).info.status == "RUNNING":
-                self.client.set_tag(parent_id, "failure_reason", reason[:5000])
-                self.kill(parent_id)
+                self.close(parent_id, "KILLED", reason)
 
     def _study_runs(self, study_name: str, condition: str = "") -> list:
         filter_string = f"tags.`optuna.study` = '{study_name}' and tags.`tuner.role` = 'trial'"

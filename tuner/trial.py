@@ -260,7 +260,7 @@ class Objective:
     ) -> dict[str, BackendResult]:
         ctx = self.context
         backends = [own_backend] + [b for b in ctx.backends if b != own_backend]
-        recipe = ModelRecipe.of(cfg.model, len(ctx.serving.label_names))
+        recipe = ModelRecipe.of(cfg.model, ctx.factory.num_labels)
         results = {}
         for backend in backends:
             result = deploy_on(
@@ -405,7 +405,7 @@ class Objective:
             else {CONSTRAINTS_KEY: tuple(user_attrs[CONSTRAINTS_ATTR])},
         )
         number = ctx.add_trial(point)
-        ctx.tracker.set_trial_number(run_id, number)
+        ctx.tracker.set_trial_number(run_id, number, result.backend)
         if not result.error:
             ctx.tracker.finish(run_id)
 

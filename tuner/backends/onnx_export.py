@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +12,7 @@ import torch
 from omegaconf import DictConfig
 from torch import nn
 
-from tuner.backends.base import ConversionContext, Logits
+from tuner.backends.base import BACKENDS, Backend, ConversionContext, Logits
 
 INPUT_NAMES = ("input_ids", "attention_mask")
 
@@ -60,3 +61,12 @@ def load_session(path: Path, deploy: DictConfig) -> Logits:
         return torch.from_numpy(session.run(None, feeds)[0])
 
     return logits_of
+
+
+def register_onnx_backend(
+    name: str, export: Callable[[nn.Module, ConversionContext], Path]
+) -> None:
+    """An ONNX Runtime backend: its own export, the shared session loader and availability."""
+    BACKENDS.register(name)(
+        Backend(name=name, export=export, load=load_session, unavailable_reason=onnxruntime_missing)
+    )

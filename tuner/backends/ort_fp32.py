@@ -6,19 +6,12 @@ from pathlib import Path
 
 from torch import nn
 
-from tuner.backends.base import BACKENDS, Backend, ConversionContext
-from tuner.backends.onnx_export import export_onnx, load_session, onnxruntime_missing
+from tuner.backends.base import ConversionContext
+from tuner.backends.onnx_export import export_onnx, register_onnx_backend
 
 
 def _export(model: nn.Module, ctx: ConversionContext) -> Path:
     return export_onnx(model, ctx, ctx.workdir / "model.onnx")
 
 
-BACKENDS.register("onnxruntime")(
-    Backend(
-        name="onnxruntime",
-        export=_export,
-        load=load_session,
-        unavailable_reason=onnxruntime_missing,
-    )
-)
+register_onnx_backend("onnxruntime", _export)

@@ -9,8 +9,8 @@ from pathlib import Path
 
 from torch import nn
 
-from tuner.backends.base import BACKENDS, Backend, ConversionContext
-from tuner.backends.onnx_export import export_onnx, load_session, onnxruntime_missing
+from tuner.backends.base import ConversionContext
+from tuner.backends.onnx_export import export_onnx, register_onnx_backend
 
 
 def _export(model: nn.Module, ctx: ConversionContext) -> Path:
@@ -29,11 +29,4 @@ def _export(model: nn.Module, ctx: ConversionContext) -> Path:
     return artifact
 
 
-BACKENDS.register("onnxruntime_int8")(
-    Backend(
-        name="onnxruntime_int8",
-        export=_export,
-        load=load_session,
-        unavailable_reason=onnxruntime_missing,
-    )
-)
+register_onnx_backend("onnxruntime_int8", _export)

@@ -46,13 +46,22 @@ class TokenizedTexts:
 
 
 def tokenize(tokenizer, examples: TextExamples, max_length: int) -> TokenizedTexts:
+    return tokenize_texts(tokenizer, examples.texts, max_length, examples.labels)
+
+
+def tokenize_texts(
+    tokenizer, texts: list[str], max_length: int, labels: list[int] | None = None
+) -> TokenizedTexts:
+    """Texts as the model sees them in training, evaluation and serving alike; unlabelled
+    texts (serving) get label 0, which nothing reads."""
     encoded = tokenizer(
-        examples.texts,
+        texts,
         padding="max_length",
         truncation=True,
         max_length=max_length,
         return_tensors="pt",
     )
-    return TokenizedTexts(
-        encoded["input_ids"], encoded["attention_mask"], torch.tensor(examples.labels)
+    targets = (
+        torch.tensor(labels) if labels is not None else torch.zeros(len(texts), dtype=torch.long)
     )
+    return TokenizedTexts(encoded["input_ids"], encoded["attention_mask"], targets)
