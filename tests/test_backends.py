@@ -42,7 +42,9 @@ def val_data() -> TokenizedTexts:
 
 
 def _example(data: TokenizedTexts) -> ExampleInputs:
-    return ExampleInputs(data.input_ids[:1], data.attention_mask[:1])
+    names = ("input_ids", "attention_mask")
+    dynamic = {name: {0: "batch", 1: "sequence"} for name in names}
+    return ExampleInputs((data.input_ids[:1], data.attention_mask[:1]), names, dynamic)
 
 
 def _deploy(name, model, data, workdir, deploy=DEPLOY):
@@ -80,7 +82,7 @@ def test_backend_contract(name, tiny_bert, val_data, tmp_path):
     reloaded = backend.load(result.artifact, DEPLOY)
     batch = next(val_data.batches(8))
     with torch.inference_mode():
-        again = reloaded(batch.input_ids, batch.attention_mask)
+        again = reloaded(*batch.inputs)
     expected = reference.logits[:8]
     assert (again - expected).abs().max() <= TOLERANCE[name] + 1e-6
     assert math.isfinite(result.peak_memory_mb)

@@ -44,13 +44,41 @@ def test_experiment_composes_and_checks(experiment, debug):
 
 
 @pytest.mark.parametrize("space_file", SPACE_FILES, ids=lambda p: p.stem)
-def test_search_space_file_parses_against_bert_ffn(space_file: Path):
-    cfg = resolve(_compose("+experiment=bert_ffn"))
+def test_search_space_file_parses_against_every_experiment_with_its_keys(space_file: Path):
     space = OmegaConf.load(space_file)
     sources = {key: space_file.name for key in space}
-    parsed = build_search_space(space, cfg, sources)
-    check_config(cfg, parsed, sources)
-    assert set(parsed.keys) == set(space)
+    fitting = 0
+    for experiment in EXPERIMENTS:
+        cfg = resolve(_compose(f"+experiment={experiment}"))
+        if not all(OmegaConf.select(cfg, key, default=KeyError) is not KeyError for key in space):
+            continue
+        parsed = build_search_space(space, cfg, sources)
+        check_config(cfg, parsed, sources)
+        assert set(parsed.keys) == set(space)
+        fitting += 1
+    assert fitting, f"{space_file.name} names keys no experiment has"
+
+
+# The training knobs every task shares: one file each, composed by every experiment.
+SHARED_SPACES = {
+    "train.weight_decay": "search_spaces/regularization.yaml",
+    "train.grad_clip_norm": "search_spaces/regularization.yaml",
+    "train.init": "search_spaces/init.yaml",
+    "train.mixup_alpha": "search_spaces/mixup.yaml",
+}
+
+
+@pytest.mark.parametrize("key", SHARED_SPACES)
+def test_text_and_image_experiments_compose_the_same_search_space_files(key):
+    shared = OmegaConf.load(CONF_DIR.parent / SHARED_SPACES[key])
+    for experiment in ("bert_ffn", "resnet_mixup"):
+        assert search_space_sources(experiment)[key] == SHARED_SPACES[key], experiment
+        # What Hydra composed is that file's entry, not a copy set elsewhere.
+        composed = _compose(f"+experiment={experiment}")
+        assert composed.search_space[key] == shared[key], experiment
+    # No other file (a per-task variant) defines the key.
+    defining = [f.name for f in SPACE_FILES if key in OmegaConf.load(f)]
+    assert defining == [Path(SHARED_SPACES[key]).name]
 
 
 def test_debug_profile_wins_over_the_experiment_and_renames_the_study():

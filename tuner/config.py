@@ -52,6 +52,8 @@ def apply_debug(cfg: DictConfig) -> DictConfig:
     merged = cfg.copy()
     # Hydra composes in struct mode; the profile may add keys (e.g. architecture overrides).
     OmegaConf.set_struct(merged, False)
+    # The tiny model of the experiment's own family first, so `debug.overrides.model.*` wins.
+    merged.merge_with({"model": _family_overrides(cfg)})
     merged.merge_with(debug.get("overrides") or {})
     suffix = debug.get("study_suffix") or ""
     if suffix and not str(merged.study.name).endswith(suffix):
@@ -59,10 +61,22 @@ def apply_debug(cfg: DictConfig) -> DictConfig:
     return merged
 
 
+def _family_overrides(cfg: DictConfig) -> dict[str, Any]:
+    """The debug profile's `model_overrides` for the configured model family, if any."""
+    debug = cfg.get("debug")
+    by_family = (debug.get("model_overrides") or {}) if debug else {}
+    chosen = by_family.get(str(cfg.model.get("family")))
+    return OmegaConf.to_container(chosen) if chosen else {}  # type: ignore[return-value]
+
+
 def debug_profile_keys(cfg: DictConfig) -> set[str]:
     """The dotted keys the selected debug profile sets (empty without one)."""
     debug = cfg.get("debug")
     overrides = OmegaConf.to_container(debug.get("overrides") or {}) if debug else {}
+    assert isinstance(overrides, dict)
+    family = _family_overrides(cfg)
+    if family:
+        overrides = {**overrides, "model": {**family, **overrides.get("model", {})}}
 
     def leaves(node: Any, prefix: str) -> Iterator[str]:
         if isinstance(node, dict):

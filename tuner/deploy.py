@@ -16,7 +16,7 @@ from omegaconf import DictConfig
 from torch import nn
 
 from tuner.backends import BACKENDS, ConversionContext, ExampleInputs, Logits
-from tuner.data.tokens import TokenizedTexts
+from tuner.data.batches import Encoded
 from tuner.latency import LatencyProtocol, LatencyResult, measure_latency
 from tuner.memory import track_peak_memory
 from tuner.recipe import ModelRecipe
@@ -71,7 +71,7 @@ class BackendResult:
         }
 
 
-def reference_of(model: nn.Module, val_data: TokenizedTexts) -> Reference:
+def reference_of(model: nn.Module, val_data: Encoded) -> Reference:
     model.eval()
     return Reference(collect_logits(model, val_data), val_data.labels)
 
@@ -109,7 +109,7 @@ def convert(
     artifact = backend.export(model, ConversionContext(example, workdir, deploy_cfg, recipe))
     logits_of = backend.load(artifact, deploy_cfg)
     with torch.inference_mode():
-        logits_of(example.input_ids, example.attention_mask)
+        logits_of(*example.tensors)
     return Converted(logits_of, artifact, time.perf_counter() - started)
 
 
@@ -130,7 +130,7 @@ def deploy_on(
     model: nn.Module,
     recipe: ModelRecipe,
     reference: Reference,
-    val_data: TokenizedTexts,
+    val_data: Encoded,
     example: ExampleInputs,
     protocol: LatencyProtocol,
     deploy_cfg: DictConfig,

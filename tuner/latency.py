@@ -70,31 +70,18 @@ def pinned_threads(num_threads: int) -> Iterator[None]:
         torch.set_num_threads(previous)
 
 
-def example_inputs(tokenizer, texts: list[str], protocol: LatencyProtocol) -> ExampleInputs:
-    """Real texts, padded to the protocol's fixed sequence length."""
-    batch = [texts[i % len(texts)] for i in range(protocol.batch_size)]
-    encoded = tokenizer(
-        batch,
-        padding="max_length",
-        truncation=True,
-        max_length=protocol.seq_len,
-        return_tensors="pt",
-    )
-    return ExampleInputs(encoded["input_ids"], encoded["attention_mask"])
-
-
 def measure_latency(
-    logits_of: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    logits_of: Callable[..., torch.Tensor],
     inputs: ExampleInputs,
     protocol: LatencyProtocol,
 ) -> LatencyResult:
     timings = []
     with pinned_threads(protocol.num_threads), torch.inference_mode():
         for _ in range(protocol.warmup):
-            logits_of(inputs.input_ids, inputs.attention_mask)
+            logits_of(*inputs.tensors)
         for _ in range(protocol.repeats):
             started = time.perf_counter()
-            logits_of(inputs.input_ids, inputs.attention_mask)
+            logits_of(*inputs.tensors)
             timings.append((time.perf_counter() - started) * 1000)
     values = np.array(timings)
     return LatencyResult(

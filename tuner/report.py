@@ -18,7 +18,6 @@ from typing import Any
 
 import mlflow
 import optuna
-import pandas as pd
 from omegaconf import DictConfig
 
 from tuner import console
@@ -27,8 +26,8 @@ from tuner.constraints import Constraints
 from tuner.data import load_splits
 from tuner.errors import ConfigError
 from tuner.front import Point, study_points
+from tuner.modalities import MODALITIES
 from tuner.recommend import DEFAULT_MAX_ACCURACY_DROP, Rule, recommend
-from tuner.serving import TEXT_COLUMN
 from tuner.storage import open_storage
 
 TEST_METRIC = "test_accuracy"
@@ -106,7 +105,8 @@ def test_accuracy(point: Point, cfg: DictConfig, client: mlflow.MlflowClient) ->
         "held-out test examples ..."
     )
     model = mlflow.pyfunc.load_model(point.model_uri)
-    predicted = model.predict(pd.DataFrame({TEXT_COLUMN: splits.test.texts}))["label"].tolist()
+    test_input = MODALITIES.get(splits.modality).serving_input(splits.test.items)
+    predicted = model.predict(test_input)["label"].tolist()
     expected = [splits.label_names[label] for label in splits.test.labels]
     accuracy = sum(p == e for p, e in zip(predicted, expected, strict=True)) / len(expected)
     client.log_metric(point.mlflow_run_id, TEST_METRIC, accuracy)
@@ -119,7 +119,7 @@ def export(
     directory: Path,
     summary: dict[str, Any],
 ) -> None:
-    """The MLflow model (artifact, tokenizer, code, requirements) and `point.json`."""
+    """The MLflow model (artifact, input pipeline, code, requirements) and `point.json`."""
     directory.mkdir(parents=True, exist_ok=True)
     mlflow.artifacts.download_artifacts(
         artifact_uri=point.model_uri, dst_path=str(directory / "model")

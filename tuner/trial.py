@@ -12,7 +12,7 @@ import copy
 import json
 import math
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,11 +40,12 @@ from tuner.constraints import (
     Constraints,
     best_reference_accuracy,
 )
-from tuner.data.tokens import TokenizedTexts
+from tuner.data.batches import Encoded
 from tuner.deploy import BackendFailed, BackendResult, Reference, deploy_on
 from tuner.edits import apply_edits
 from tuner.front import MODEL_URI_ATTR, RUN_ID_ATTR, points_of
 from tuner.latency import LatencyProtocol
+from tuner.modalities import Modality
 from tuner.models import build_model
 from tuner.pareto import pareto_mask
 from tuner.recipe import ModelRecipe
@@ -53,7 +54,7 @@ from tuner.retrain import retrain_command, retrain_overrides
 from tuner.serving import PointSpec, deploy_config, log_point_model
 from tuner.space import SearchSpace
 from tuner.tracking import Tracker
-from tuner.training import TrainResult, initialise_new_layers, train
+from tuner.training import TrainResult, batch_loss, initialise_new_layers, train
 
 BACKEND_KEY = "deploy.backend"
 
@@ -107,9 +108,11 @@ class ModelFactory:
 class ServingContext:
     """What a logged model ships besides its artifact, and how its points are retrained."""
 
-    tokenizer_dir: Path
+    modality: Modality
+    # Where the modality saved its input pipeline, shipped with every logged model.
+    inputs_dir: Path
     label_names: list[str]
-    example_texts: list[str]
+    example_items: Sequence[Any]
     # The invocation's command-line overrides and configured study name (before any suffix).
     overrides: tuple[str, ...]
     study_name: str
@@ -124,10 +127,12 @@ class TrialContext:
     space: SearchSpace
     backends: list[str]
     constraints: Constraints
-    train_data: TokenizedTexts
-    val_data: TokenizedTexts
+    train_data: Encoded
+    val_data: Encoded
     example: ExampleInputs
     protocol: LatencyProtocol
+    # The protocol, the machine and the input shape, recorded with every point.
+    protocol_record: dict[str, Any]
     factory: ModelFactory
     tracker: Tracker
     parent_run_id: str
@@ -223,7 +228,7 @@ class Objective:
             **ctx.space.fixed,
             **params,
             BACKEND_KEY: backend,
-            **ctx.protocol.record(prefix="latency."),
+            **ctx.protocol_record,
         }
 
     def _train(
@@ -246,6 +251,7 @@ class Objective:
                 ctx.train_data,
                 ctx.val_data,
                 cfg.train,
+                batch_loss(ctx.serving.modality.name, cfg.train, ctx.factory.num_labels),
                 on_step=lambda done, total: progress.update(task, completed=done, total=total),
                 on_epoch=log_epoch,
             )
@@ -346,8 +352,8 @@ class Objective:
         assert result.artifact is not None
         spec = PointSpec(
             backend=result.backend,
+            modality=ctx.serving.modality.name,
             label_names=ctx.serving.label_names,
-            max_length=int(ctx.cfg.data.max_length),
             deploy=deploy_config(ctx.cfg),
         )
         try:
@@ -356,8 +362,9 @@ class Objective:
                 run_id,
                 result.artifact,
                 spec,
-                ctx.serving.tokenizer_dir,
-                ctx.serving.example_texts,
+                ctx.serving.modality,
+                ctx.serving.inputs_dir,
+                ctx.serving.example_items,
                 retrain_command(overrides),
                 result.artifact.parent,
             )

@@ -18,15 +18,27 @@ from torch import nn
 from tuner.recipe import ModelRecipe
 from tuner.registry import Registry
 
-Logits = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+# Model inputs (token ids and attention mask, or images) -> logits.
+Logits = Callable[..., torch.Tensor]
 
 
 @dataclass(frozen=True)
 class ExampleInputs:
-    """Inputs with the deployment's batch size and sequence length (for export and timing)."""
+    """Real inputs in the deployment's shape (for export and timing).
 
-    input_ids: torch.Tensor
-    attention_mask: torch.Tensor
+    Attributes:
+        tensors: passed positionally to the model.
+        names: one per tensor; the ONNX graph's input names.
+        dynamic_axes: per name, the axes whose size may change between calls (ONNX export).
+    """
+
+    tensors: tuple[torch.Tensor, ...]
+    names: tuple[str, ...]
+    dynamic_axes: dict[str, dict[int, str]]
+
+    def shape(self) -> str:
+        """The tensors' shapes as recorded with a latency measurement, e.g. `1x1x28x28`."""
+        return ", ".join("x".join(str(size) for size in t.shape) for t in self.tensors)
 
 
 @dataclass(frozen=True)

@@ -33,9 +33,9 @@ def _load(artifact: Path, deploy: DictConfig) -> Logits:
     # (loading casts them into the fp32 architecture) and each matmul casts back to bf16.
     model = load_weights(artifact)
 
-    def logits_of(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    def logits_of(*inputs: torch.Tensor) -> torch.Tensor:
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            return model(input_ids, attention_mask).float()
+            return model(*inputs).float()
 
     return logits_of
 

@@ -14,7 +14,7 @@ from torch import nn
 
 from tuner.backends.base import BACKENDS, Backend, ConversionContext, Logits
 
-INPUT_NAMES = ("input_ids", "attention_mask")
+_NUMPY_TYPES = {"tensor(int64)": np.int64, "tensor(float)": np.float32}
 
 
 def onnxruntime_missing() -> str | None:
@@ -25,17 +25,17 @@ def onnxruntime_missing() -> str | None:
 
 
 def export_onnx(model: nn.Module, ctx: ConversionContext, path: Path) -> Path:
-    """TorchScript-based export with batch and sequence length left dynamic."""
-    dynamic = {name: {0: "batch", 1: "sequence"} for name in INPUT_NAMES}
+    """TorchScript-based export with the example's dynamic axes (batch, sequence length)."""
+    example = ctx.example
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # tracer warnings about data-dependent Python values
         torch.onnx.export(
             model.eval(),
-            (ctx.example.input_ids, ctx.example.attention_mask),
+            example.tensors,
             str(path),
-            input_names=list(INPUT_NAMES),
+            input_names=list(example.names),
             output_names=["logits"],
-            dynamic_axes={**dynamic, "logits": {0: "batch"}},
+            dynamic_axes={**example.dynamic_axes, "logits": {0: "batch"}},
             opset_version=int(ctx.deploy.onnx.opset),
             dynamo=False,
         )
@@ -53,10 +53,13 @@ def load_session(path: Path, deploy: DictConfig) -> Logits:
     options.log_severity_level = 3
     session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
-    def logits_of(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    # The graph's inputs in the order the model takes them, with the dtype each expects.
+    inputs = [(i.name, _NUMPY_TYPES[i.type]) for i in session.get_inputs()]
+
+    def logits_of(*tensors: torch.Tensor) -> torch.Tensor:
         feeds = {
-            "input_ids": input_ids.numpy().astype(np.int64),
-            "attention_mask": attention_mask.numpy().astype(np.int64),
+            name: tensor.numpy().astype(dtype)
+            for (name, dtype), tensor in zip(inputs, tensors, strict=True)
         }
         return torch.from_numpy(session.run(None, feeds)[0])
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pandas as pd
 from omegaconf import DictConfig
 
-from tuner.data.sources import DATA_SOURCES, RawTexts
+from tuner.data.sources import DATA_SOURCES, RawData
 from tuner.errors import ConfigError
 
 _READERS = {
@@ -19,7 +19,7 @@ _READERS = {
 
 
 @DATA_SOURCES.register("csv")
-def load_table(data_cfg: DictConfig) -> RawTexts:
+def load_table(data_cfg: DictConfig) -> RawData:
     path = Path(str(data_cfg.path)).expanduser()
     if not path.is_file():
         raise ConfigError(f"Invalid config: key 'data.path': file {path} does not exist")
@@ -36,7 +36,7 @@ def load_table(data_cfg: DictConfig) -> RawTexts:
     return table_texts(frame, data_cfg, str(path))
 
 
-def table_texts(frame: pd.DataFrame, data_cfg: DictConfig, origin: str) -> RawTexts:
+def table_texts(frame: pd.DataFrame, data_cfg: DictConfig, origin: str) -> RawData:
     """Pick the configured columns of a table, naming the column and file when one is wrong."""
     for key in ("text_column", "label_column"):
         column = data_cfg[key]
@@ -50,8 +50,8 @@ def table_texts(frame: pd.DataFrame, data_cfg: DictConfig, origin: str) -> RawTe
     if empty.any():
         row = int(empty.idxmax())
         raise ConfigError(f"Invalid data in {origin}: row {row} has an empty text or label")
-    return RawTexts(
-        texts=frame[data_cfg.text_column].astype(str).tolist(),
+    return RawData(
+        items=frame[data_cfg.text_column].astype(str).tolist(),
         labels=frame[data_cfg.label_column].tolist(),
         origin=origin,
     )

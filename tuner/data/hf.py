@@ -5,12 +5,12 @@ from __future__ import annotations
 from omegaconf import DictConfig
 
 from tuner.data.files import table_texts
-from tuner.data.sources import DATA_SOURCES, RawTexts
+from tuner.data.sources import DATA_SOURCES, RawData
 from tuner.errors import ConfigError
 
 
 @DATA_SOURCES.register("hf")
-def load_hf_dataset(data_cfg: DictConfig) -> RawTexts:
+def load_hf_dataset(data_cfg: DictConfig) -> RawData:
     try:
         import datasets
     except ImportError:

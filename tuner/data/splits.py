@@ -2,57 +2,78 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from omegaconf import DictConfig
 
-from tuner.data.sources import DATA_SOURCES, RawTexts
+from tuner.data.sources import DATA_SOURCES, RawData
 from tuner.errors import ConfigError
 
 
 @dataclass(frozen=True)
-class TextExamples:
-    texts: list[str]
+class Examples:
+    """Raw examples (texts, or an image array) and their label indices."""
+
+    items: Sequence[Any]
     labels: list[int]
 
     def __len__(self) -> int:
-        return len(self.texts)
+        return len(self.labels)
 
 
 @dataclass(frozen=True)
-class TextSplits:
-    train: TextExamples
-    val: TextExamples
-    test: TextExamples
+class Splits:
+    train: Examples
+    val: Examples
+    test: Examples
     label_names: list[str]
     origin: str
+    # Which input pipeline reads the items (`tuner.modalities`).
+    modality: str
 
     @property
     def num_labels(self) -> int:
         return len(self.label_names)
 
 
-def load_splits(data_cfg: DictConfig) -> TextSplits:
+def load_splits(data_cfg: DictConfig) -> Splits:
     """Load the configured source and split it deterministically by `data.split_seed`."""
     raw = DATA_SOURCES.get(data_cfg.source)(data_cfg)
     return split(raw, data_cfg)
 
 
-def split(raw: RawTexts, data_cfg: DictConfig) -> TextSplits:
+def _take(items: Sequence[Any], indices: np.ndarray) -> Sequence[Any]:
+    if isinstance(items, np.ndarray):
+        return items[indices]
+    return [items[i] for i in indices]
+
+
+def split(raw: RawData, data_cfg: DictConfig) -> Splits:
     _check_fractions(data_cfg)
-    if len(raw.texts) != len(raw.labels):
-        raise ConfigError(f"Invalid data in {raw.origin}: texts and labels differ in length")
-    label_names = sorted({str(label) for label in raw.labels})
+    parts = [raw] if raw.test is None else [raw, raw.test]
+    for part in parts:
+        if len(part.items) != len(part.labels):
+            raise ConfigError(
+                f"Invalid data in {part.origin}: examples and labels differ in length"
+            )
+    label_names = sorted({str(label) for part in parts for label in part.labels})
     if len(label_names) < 2:
         raise ConfigError(
             f"Invalid data in {raw.origin}: need at least 2 label values, found {label_names}"
         )
     index_of = {name: i for i, name in enumerate(label_names)}
-    labels = [index_of[str(label)] for label in raw.labels]
 
-    order = np.random.default_rng(data_cfg.split_seed).permutation(len(raw.texts))
-    n_test = int(round(len(order) * data_cfg.test_fraction))
+    def examples(part: RawData, indices: np.ndarray) -> Examples:
+        return Examples(
+            _take(part.items, indices), [index_of[str(part.labels[i])] for i in indices]
+        )
+
+    order = np.random.default_rng(data_cfg.split_seed).permutation(len(raw.items))
+    # A source's own test set is kept whole; otherwise the test split is carved out first.
+    n_test = 0 if raw.test is not None else int(round(len(order) * data_cfg.test_fraction))
     n_val = int(round(len(order) * data_cfg.val_fraction))
     if n_val == 0 or len(order) - n_test - n_val < 2:
         raise ConfigError(
@@ -60,14 +81,21 @@ def split(raw: RawTexts, data_cfg: DictConfig) -> TextSplits:
             f"data.val_fraction={data_cfg.val_fraction} and "
             f"data.test_fraction={data_cfg.test_fraction}"
         )
-    test_idx = order[:n_test]
     val_idx = order[n_test : n_test + n_val][: data_cfg.max_val_samples]
     train_idx = order[n_test + n_val :][: data_cfg.max_train_samples]
-
-    def take(indices: np.ndarray) -> TextExamples:
-        return TextExamples([raw.texts[i] for i in indices], [labels[i] for i in indices])
-
-    return TextSplits(take(train_idx), take(val_idx), take(test_idx), label_names, raw.origin)
+    test = (
+        examples(raw, order[:n_test])
+        if raw.test is None
+        else examples(raw.test, np.arange(len(raw.test.items)))
+    )
+    return Splits(
+        examples(raw, train_idx),
+        examples(raw, val_idx),
+        test,
+        label_names,
+        raw.origin,
+        raw.modality,
+    )
 
 
 def _check_fractions(data_cfg: DictConfig) -> None:

@@ -7,14 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tuner.data.splits import TextExamples
-
-
-@dataclass(frozen=True)
-class TokenBatch:
-    input_ids: torch.Tensor
-    attention_mask: torch.Tensor
-    labels: torch.Tensor
+from tuner.data.batches import Batch, batch_order
 
 
 @dataclass(frozen=True)
@@ -26,27 +19,14 @@ class TokenizedTexts:
     def __len__(self) -> int:
         return int(self.labels.shape[0])
 
-    def batches(
-        self, batch_size: int, generator: torch.Generator | None = None
-    ) -> Iterator[TokenBatch]:
-        """Batches in order, or shuffled by `generator`; padding beyond each batch is dropped."""
-        order = (
-            torch.randperm(len(self), generator=generator)
-            if generator is not None
-            else torch.arange(len(self))
-        )
+    def batches(self, batch_size: int, generator: torch.Generator | None = None) -> Iterator[Batch]:
+        """Batches of (input_ids, attention_mask); padding beyond each batch is dropped."""
+        order = batch_order(len(self), generator)
         for start in range(0, len(self), batch_size):
             index = order[start : start + batch_size]
             mask = self.attention_mask[index]
             length = max(int(mask.sum(dim=1).max()), 1)
-            yield TokenBatch(self.input_ids[index, :length], mask[:, :length], self.labels[index])
-
-    def num_batches(self, batch_size: int) -> int:
-        return -(-len(self) // batch_size)
-
-
-def tokenize(tokenizer, examples: TextExamples, max_length: int) -> TokenizedTexts:
-    return tokenize_texts(tokenizer, examples.texts, max_length, examples.labels)
+            yield Batch((self.input_ids[index, :length], mask[:, :length]), self.labels[index])
 
 
 def tokenize_texts(

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from tuner.models.base import MODEL_FAMILIES, NewLayer, TunableModel, build_model
+from tuner.models.base import MODEL_FAMILIES, ModelFamily, NewLayer, TunableModel, build_model
 from tuner.models.packaged import PACKAGED_MODELS, resolve_name_or_path
 
 # Importing the module registers its family.
-from tuner.models import hf_encoder  # noqa: E402,F401  isort: skip
+from tuner.models import hf_encoder, timm_cnn  # noqa: E402,F401  isort: skip
 
 __all__ = [
     "MODEL_FAMILIES",
+    "ModelFamily",
     "PACKAGED_MODELS",
     "NewLayer",
     "TunableModel",

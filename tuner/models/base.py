@@ -24,18 +24,25 @@ class NewLayer:
 
 
 class TunableModel(Protocol):
-    """A classifier split at its pooled representation, so mixup can mix there."""
+    """A classifier called with the modality's inputs (token ids and attention mask, or
+    images) that names its newly created layers. Text families also split at the pooled
+    representation (`embed`, `classify`), where text mixup mixes."""
 
-    def embed(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor: ...
-
-    def classify(self, pooled: torch.Tensor) -> torch.Tensor: ...
+    def __call__(self, *inputs: torch.Tensor) -> torch.Tensor: ...
 
     def new_layers(self) -> list[NewLayer]: ...
 
 
-ModelBuilder = Callable[[DictConfig, int], nn.Module]
-MODEL_FAMILIES: Registry[ModelBuilder] = Registry("model.family")
+@dataclass(frozen=True)
+class ModelFamily:
+    """How to build a family's models, and the input modality they read."""
+
+    build: Callable[[DictConfig, int], nn.Module]
+    modality: str
+
+
+MODEL_FAMILIES: Registry[ModelFamily] = Registry("model.family")
 
 
 def build_model(model_cfg: DictConfig, num_labels: int) -> nn.Module:
-    return MODEL_FAMILIES.get(model_cfg.family)(model_cfg, num_labels)
+    return MODEL_FAMILIES.get(model_cfg.family).build(model_cfg, num_labels)

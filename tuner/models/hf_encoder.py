@@ -8,7 +8,7 @@ from torch import nn
 from transformers import AutoConfig, AutoModel, PreTrainedModel
 
 from tuner.errors import ConfigError
-from tuner.models.base import MODEL_FAMILIES, NewLayer
+from tuner.models.base import MODEL_FAMILIES, ModelFamily, NewLayer
 from tuner.models.packaged import resolve_name_or_path
 
 _ACTIVATIONS: dict[str, type[nn.Module]] = {
@@ -95,7 +95,6 @@ def _check(model_cfg: DictConfig) -> None:
         )
 
 
-@MODEL_FAMILIES.register("hf_encoder")
 def build_hf_encoder(model_cfg: DictConfig, num_labels: int) -> nn.Module:
     _check(model_cfg)
     source = resolve_name_or_path(str(model_cfg.name_or_path))
@@ -119,3 +118,6 @@ def build_hf_encoder(model_cfg: DictConfig, num_labels: int) -> nn.Module:
         dropout=float(model_cfg.dropout),
         encoder_is_new=bool(model_cfg.random_init),
     )
+
+
+MODEL_FAMILIES.register("hf_encoder")(ModelFamily(build=build_hf_encoder, modality="text"))

@@ -11,10 +11,17 @@ from tuner.training.loop import (
     evaluate,
     train,
 )
+from tuner.training.mixing import MIXING, BatchLoss, batch_loss
 from tuner.training.mixup import mixup
+
+# Importing the module registers the image mixing.
+from tuner.training import image_mixup  # noqa: E402,F401  isort: skip
 from tuner.training.optim import OPTIMIZERS, build_optimizer
 
 __all__ = [
+    "MIXING",
+    "BatchLoss",
+    "batch_loss",
     "INIT_SCHEMES",
     "OPTIMIZERS",
     "EpochResult",

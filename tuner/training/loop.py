@@ -11,12 +11,13 @@ import torch
 from omegaconf import DictConfig
 from torch import nn
 
-from tuner.data.tokens import TokenizedTexts
+from tuner.data.batches import Encoded, num_batches
 from tuner.errors import TrialFailed
-from tuner.training.mixup import mixup
+from tuner.training.mixing import BatchLoss
 from tuner.training.optim import build_optimizer
 
-Logits = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+# Model inputs -> logits: the eager model, or any backend's loaded artifact.
+Logits = Callable[..., torch.Tensor]
 
 
 @dataclass(frozen=True)
@@ -39,12 +40,9 @@ class TrainResult:
 
 
 @torch.inference_mode()
-def collect_logits(logits_of: Logits, data: TokenizedTexts, batch_size: int = 64) -> torch.Tensor:
-    """Logits of any callable mapping (input_ids, attention_mask) to logits, in data order."""
-    outputs = [
-        logits_of(batch.input_ids, batch.attention_mask).float()
-        for batch in data.batches(batch_size)
-    ]
+def collect_logits(logits_of: Logits, data: Encoded, batch_size: int = 64) -> torch.Tensor:
+    """Logits of any callable mapping model inputs to logits, in data order."""
+    outputs = [logits_of(*batch.inputs).float() for batch in data.batches(batch_size)]
     return torch.cat(outputs) if outputs else torch.empty(0, 0)
 
 
@@ -52,8 +50,8 @@ def accuracy(logits: torch.Tensor, labels: torch.Tensor) -> float:
     return float((logits.argmax(dim=-1) == labels).float().mean()) if len(labels) else 0.0
 
 
-def evaluate(logits_of: Logits, data: TokenizedTexts, batch_size: int = 64) -> float:
-    """Accuracy of any callable mapping (input_ids, attention_mask) to logits."""
+def evaluate(logits_of: Logits, data: Encoded, batch_size: int = 64) -> float:
+    """Accuracy of any callable mapping model inputs to logits."""
     return accuracy(collect_logits(logits_of, data, batch_size), data.labels)
 
 
@@ -70,16 +68,18 @@ def _linear_warmup_decay(total_steps: int, warmup_ratio: float) -> Callable[[int
 
 def train(
     model: nn.Module,
-    train_data: TokenizedTexts,
-    val_data: TokenizedTexts,
+    train_data: Encoded,
+    val_data: Encoded,
     cfg: DictConfig,
+    batch_loss: BatchLoss,
     on_step: Callable[[int, int], None] = lambda done, total: None,
     on_epoch: Callable[[EpochResult], None] = lambda result: None,
 ) -> TrainResult:
-    """Train `model` with the knobs in `cfg` (the `train` node); fail the trial on NaN/Inf loss."""
+    """Train `model` with the knobs in `cfg` (the `train` node) and the modality's batch loss
+    (`tuner.training.mixing`); fail the trial on NaN/Inf loss."""
     generator = torch.Generator().manual_seed(int(cfg.seed))
     optimizer = build_optimizer(model, cfg.optimizer, float(cfg.lr), float(cfg.weight_decay))
-    steps_per_epoch = train_data.num_batches(cfg.batch_size)
+    steps_per_epoch = num_batches(train_data, cfg.batch_size)
     total_steps = steps_per_epoch * int(cfg.epochs)
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, _linear_warmup_decay(total_steps, float(cfg.warmup_ratio))
@@ -89,12 +89,7 @@ def train(
         model.train()
         loss_sum = 0.0
         for batch in train_data.batches(cfg.batch_size, generator):
-            pooled = model.embed(batch.input_ids, batch.attention_mask)
-            if cfg.mixup_alpha > 0:
-                mixed = mixup(pooled, batch.labels, float(cfg.mixup_alpha), generator)
-                loss = mixed.loss(model.classify(mixed.pooled))
-            else:
-                loss = nn.functional.cross_entropy(model.classify(pooled), batch.labels)
+            loss = batch_loss(model, batch, generator)
             if not math.isfinite(loss.item()):
                 raise TrialFailed(
                     f"train_loss became {loss.item()} at epoch {epoch}, step {step + 1}"

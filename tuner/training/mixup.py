@@ -10,6 +10,11 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from omegaconf import DictConfig
+from torch import nn
+
+from tuner.data.batches import Batch
+from tuner.training.mixing import MIXING, BatchLoss, plain_loss
 
 
 @dataclass(frozen=True)
@@ -35,3 +40,16 @@ def mixup(
     partner = torch.randperm(pooled.shape[0], generator=generator)
     mixed = lam * pooled + (1 - lam) * pooled[partner]
     return Mixed(mixed, labels, labels[partner], lam, partner)
+
+
+@MIXING.register("text")
+def text_loss(train_cfg: DictConfig, num_labels: int) -> BatchLoss:
+    alpha = float(train_cfg.mixup_alpha)
+    if alpha <= 0:
+        return plain_loss
+
+    def loss(model: nn.Module, batch: Batch, generator: torch.Generator) -> torch.Tensor:
+        mixed = mixup(model.embed(*batch.inputs), batch.labels, alpha, generator)
+        return mixed.loss(model.classify(mixed.pooled))
+
+    return loss

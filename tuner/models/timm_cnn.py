@@ -1,0 +1,126 @@
+"""Any timm image classifier, trained from scratch on the data's own resolution and channels.
+
+`model.name` is a timm model name; `model.in_chans` adapts its stem to the images' channels.
+The structural knobs `model.width_multiplier` and `model.depth` are turned into the
+architecture's own constructor arguments by a registry keyed by timm's model module, so a new
+architecture family is one more entry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from omegaconf import DictConfig
+from torch import nn
+
+from tuner.errors import ConfigError
+from tuner.models.base import MODEL_FAMILIES, ModelFamily, NewLayer
+from tuner.registry import Registry
+
+# Activation module -> the name `train.init=auto` chooses by.
+_ACTIVATION_NAMES: dict[type[nn.Module], str] = {
+    nn.ReLU: "relu",
+    nn.ReLU6: "relu",
+    nn.LeakyReLU: "relu",
+    nn.GELU: "gelu",
+    nn.SiLU: "silu",
+    nn.Hardswish: "silu",
+    nn.Tanh: "tanh",
+    nn.Sigmoid: "sigmoid",
+}
+
+# (width multiplier or None, blocks per stage or None) -> constructor keyword arguments
+StructureArgs = Callable[[float | None, int | None], dict[str, Any]]
+STRUCTURES: Registry[StructureArgs] = Registry("model.name")
+
+_RESNET_CHANNELS = (64, 128, 256, 512)
+
+
+@STRUCTURES.register("timm.models.resnet")
+def _resnet_structure(width: float | None, depth: int | None) -> dict[str, Any]:
+    args: dict[str, Any] = {}
+    if width is not None:
+        args["channels"] = tuple(max(1, round(c * width)) for c in _RESNET_CHANNELS)
+        args["stem_width"] = max(1, round(_RESNET_CHANNELS[0] * width))
+    if depth is not None:
+        args["layers"] = (depth,) * len(_RESNET_CHANNELS)
+    return args
+
+
+class TimmClassifier(nn.Module):
+    """A timm model called with a batch of images; names its layers for initialisation."""
+
+    def __init__(self, net: nn.Module) -> None:
+        super().__init__()
+        self.net = net
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.net(images)
+
+    def activation(self) -> str:
+        """The model's activation: the first activation module, in definition order."""
+        for module in self.net.modules():
+            name = _ACTIVATION_NAMES.get(type(module))
+            if name is not None:
+                return name
+        return "linear"
+
+    def new_layers(self) -> list[NewLayer]:
+        """Every convolution and linear layer (the model is trained from scratch): the
+        classifier produces logits; everything else feeds the model's activation."""
+        activation = self.activation()
+        classifier = self.net.get_classifier()
+        return [
+            NewLayer(name, module, "linear" if module is classifier else activation)
+            for name, module in self.net.named_modules()
+            if isinstance(module, (nn.Conv2d, nn.Linear))
+        ]
+
+
+def _structure_args(model_cfg: DictConfig) -> dict[str, Any]:
+    import timm
+
+    width, depth = model_cfg.get("width_multiplier"), model_cfg.get("depth")
+    if width is None and depth is None:
+        return {}
+    module = timm.models.model_entrypoint(str(model_cfg.name)).__module__
+    if module not in STRUCTURES:
+        raise ConfigError(
+            f"Invalid config: key 'model.width_multiplier'/'model.depth': '{model_cfg.name}' "
+            f"comes from {module}; these edits support {', '.join(STRUCTURES.names())} "
+            "(set both to null for other models)"
+        )
+    return STRUCTURES.get(module)(
+        None if width is None else float(width), None if depth is None else int(depth)
+    )
+
+
+def build_timm(model_cfg: DictConfig, num_labels: int) -> nn.Module:
+    import timm
+
+    name = str(model_cfg.name)
+    if not timm.is_model(name):
+        raise ConfigError(
+            f"Invalid config: key 'model.name': '{name}' is not a timm model "
+            "(see timm.list_models(), e.g. resnet18)"
+        )
+    try:
+        net = timm.create_model(
+            name,
+            pretrained=False,
+            num_classes=num_labels,
+            in_chans=int(model_cfg.in_chans),
+            drop_rate=float(model_cfg.get("drop_rate", 0.0)),
+            **_structure_args(model_cfg),
+            **dict(model_cfg.get("kwargs") or {}),
+        )
+    except (TypeError, ValueError, AssertionError) as exc:
+        raise ConfigError(
+            f"Invalid config: key 'model.name': cannot build timm model '{name}': {exc}"
+        ) from None
+    return TimmClassifier(net)
+
+
+MODEL_FAMILIES.register("timm")(ModelFamily(build=build_timm, modality="image"))
