@@ -2,13 +2,22 @@
 
     python scripts/bench_backends.py --ffn-width 1024
     python scripts/bench_backends.py --study bert_ffn --storage sqlite:///optuna.db
+    python scripts/bench_backends.py --model resnet --width-multiplier 0.5 --depth 2
+    python scripts/bench_backends.py --model resnet --data digits --train-samples 300
 
-The packaged MiniLM-L6 gets a short fine-tune on Rotten Tomatoes (so agreement is measured on a
-real classifier), then its FFNs are cut to --ffn-width, and it is converted for each backend.
-Timing goes round-robin over the backends, and eager fp32 at full width, for --rounds rounds, so
-a slow spell on a shared CPU hits every backend alike; p50 and p95 pool all timed calls, and
-"spread" is the range of the per-round medians. With --study, the study's front is compared with
-the full-width eager baseline measured here.
+--model minilm (the default): the packaged MiniLM-L6 gets a short fine-tune on Rotten Tomatoes
+(so agreement is measured on a real classifier), then its FFNs are cut to --ffn-width, and it is
+converted for each backend; the baseline is eager fp32 at full width. --model resnet: timm's
+ResNet-18 at --width-multiplier and --depth is trained from scratch on Fashion-MNIST (or
+--data digits), and converted for each backend; the baseline is the trained model itself, eager
+fp32 in memory. Models, data, training and deployment are composed from conf/ as
+`python -m tuner model=... data=...` would compose them, and the backends default to every
+registered one that takes the data's modality.
+
+Timing goes round-robin over the backends and the baseline, for --rounds rounds, so a slow
+spell on a shared CPU hits every backend alike; p50 and p95 pool all timed calls, and "spread"
+is the range of the per-round medians. With --study, the study's front is compared with the
+baseline measured here.
 """
 
 from __future__ import annotations
@@ -24,83 +33,182 @@ from pathlib import Path
 import numpy as np
 import optuna
 import torch
-from omegaconf import OmegaConf
-from transformers import AutoTokenizer
+from omegaconf import DictConfig, OmegaConf
 
 from tuner.backends import BACKENDS
-from tuner.config import CONF_DIR
+from tuner.config import compose_config
 from tuner.console import quiet_libraries
 from tuner.data import load_splits
-from tuner.data.tokens import tokenize
 from tuner.deploy import check_outputs, convert, reference_of
-from tuner.edits.ffn_width import shrink_ffn
+from tuner.edits import apply_edits
+from tuner.errors import ConfigError
 from tuner.front import study_points
-from tuner.latency import LatencyProtocol, cpu_model, example_inputs, measure_latency
-from tuner.models import build_model, resolve_name_or_path
+from tuner.latency import LatencyProtocol, cpu_model, measure_latency
+from tuner.models import build_model
 from tuner.recipe import ModelRecipe
-from tuner.training import collect_logits, initialise_new_layers, train
+from tuner.space import SearchSpace
+from tuner.study import calibration_inputs, check_backends, modality_for
+from tuner.training import batch_loss, collect_logits, initialise_new_layers, train
 
-BASELINE = "eager fp32, full width"
+# conf/data files each model may read; the first is the default.
+DATA = {"minilm": ("rotten_tomatoes",), "resnet": ("fashion_mnist", "digits")}
+# The row every backend's speed-up is measured against (it is only timed).
+BASELINES = {"minilm": "eager fp32, full width", "resnet": "eager fp32, in memory"}
+# Under each model's --lr default of None: fine-tuning keeps conf/train's rate; a CNN trained
+# from scratch takes one from the range of search_spaces/lr_from_scratch.yaml.
+LR = {"minilm": None, "resnet": 1e-3}
+# Each data file's (name, what one example is), for the table's caption.
+EXAMPLES = {
+    "rotten_tomatoes": ("Rotten Tomatoes", "snippets"),
+    "fashion_mnist": ("Fashion-MNIST", "images"),
+    "digits": ("digits", "images"),
+}
 
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--ffn-width", type=int, default=1024)
-    parser.add_argument("--backends", nargs="+", default=BACKENDS.names())
+    parser.add_argument("--model", choices=sorted(DATA), default="minilm")
+    parser.add_argument(
+        "--data",
+        choices=sorted({name for names in DATA.values() for name in names}),
+        help="conf/data file (default: rotten_tomatoes for minilm, fashion_mnist for resnet)",
+    )
+    parser.add_argument("--ffn-width", type=int, default=1024, help="minilm: FFN width cut to")
+    parser.add_argument("--width-multiplier", type=float, default=0.5, help="resnet: channels")
+    parser.add_argument("--depth", type=int, default=2, help="resnet: blocks per stage")
+    parser.add_argument(
+        "--backends",
+        nargs="+",
+        help="default: every registered backend that takes the data's modality",
+    )
     parser.add_argument("--batch-size", type=int, default=1)
-    parser.add_argument("--seq-len", type=int, default=128)
+    parser.add_argument("--seq-len", type=int, default=128, help="minilm: tokens per example")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=10, help="untimed calls per round")
     parser.add_argument("--repeats", type=int, default=30, help="timed calls per round")
+    parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--lr", type=float, help="default: 5e-5 for minilm, 1e-3 for resnet")
     parser.add_argument("--train-samples", type=int, default=1000)
     parser.add_argument("--val-samples", type=int, default=400)
     parser.add_argument("--study", help="also compare this study's front with the baseline")
     parser.add_argument("--storage", default="sqlite:///optuna.db")
     parser.add_argument("--max-accuracy-drop", type=float, default=0.01)
-    return parser.parse_args()
+    args = parser.parse_args()
+    args.data = args.data or DATA[args.model][0]
+    if args.data not in DATA[args.model]:
+        parser.error(f"--model {args.model} reads --data {' or '.join(DATA[args.model])}")
+    return args
 
 
-def fine_tuned_minilm(args: argparse.Namespace):
-    cfg = OmegaConf.merge(
-        OmegaConf.load(CONF_DIR / "data" / "rotten_tomatoes.yaml"),
-        {"max_train_samples": args.train_samples, "max_val_samples": args.val_samples},
+def config_overrides(args: argparse.Namespace) -> list[str]:
+    """The command-line overrides of `python -m tuner` that set up this benchmark."""
+    overrides = [
+        f"model={args.model}",
+        f"data={args.data}",
+        f"data.max_train_samples={args.train_samples}",
+        f"data.max_val_samples={args.val_samples}",
+        f"train.epochs={args.epochs}",
+        f"deploy.latency.batch_size={args.batch_size}",
+        f"deploy.latency.seq_len={args.seq_len}",
+        f"deploy.latency.num_threads={args.threads}",
+        f"deploy.latency.warmup={args.warmup}",
+        f"deploy.latency.repeats={args.repeats}",
+    ]
+    lr = args.lr if args.lr is not None else LR[args.model]
+    if lr is not None:
+        overrides.append(f"train.lr={lr}")
+    if args.model == "resnet":
+        overrides += [
+            f"model.width_multiplier={args.width_multiplier}",
+            f"model.depth={args.depth}",
+        ]
+    return overrides
+
+
+def edits(args: argparse.Namespace) -> dict:
+    """The structural edits applied after training (`tuner.edits`, by their `model` keys)."""
+    return {"ffn_width": args.ffn_width} if args.model == "minilm" else {}
+
+
+def default_backends(modality: str) -> list[str]:
+    """Every registered backend that deploys models of `modality`."""
+    return [name for name in BACKENDS.names() if modality in BACKENDS.get(name).modalities]
+
+
+def trained_model(cfg: DictConfig, num_labels: int, modality: str, train_data, val_data):
+    """The configured model, built, initialised and trained as a trial does it."""
+    seed = int(cfg.train.seed)
+    torch.manual_seed(seed)
+    model = build_model(cfg.model, num_labels)
+    torch.manual_seed(seed)
+    initialise_new_layers(model.new_layers(), str(cfg.train.init))
+    train(model, train_data, val_data, cfg.train, batch_loss(modality, cfg.train, num_labels))
+    return model.eval()
+
+
+def title(args: argparse.Namespace, cfg: DictConfig, n_train: int, example) -> str:
+    examples = f"{n_train} {' '.join(EXAMPLES[args.data])}"
+    if args.model == "minilm":
+        what = f"MiniLM-L6 fine-tuned on {examples}, FFN {args.ffn_width}"
+        shape = f"seq {args.seq_len}"
+    else:
+        epochs = f"{args.epochs} epoch{'s' if args.epochs != 1 else ''}"
+        what = (
+            f"timm {cfg.model.name} at width x{args.width_multiplier}, depth {args.depth}, "
+            f"trained from scratch for {epochs} on {examples}"
+        )
+        shape = f"input {example.shape()}"
+    return (
+        f"{what}; batch {args.batch_size}, {shape}, {args.threads} threads, "
+        f"{args.rounds} rounds x {args.repeats} calls; {cpu_model()}, torch {torch.__version__}"
     )
-    splits = load_splits(cfg)
-    model_cfg = OmegaConf.load(CONF_DIR / "model" / "minilm.yaml")
-    tokenizer = AutoTokenizer.from_pretrained(resolve_name_or_path(model_cfg.name_or_path))
-    torch.manual_seed(0)
-    model = build_model(model_cfg, splits.num_labels)
-    initialise_new_layers(model.new_layers(), "auto")
-    train_cfg = OmegaConf.load(CONF_DIR / "train" / "default.yaml")
-    train_cfg.epochs = 1
-    val = tokenize(tokenizer, splits.val, 64)
-    train(model, tokenize(tokenizer, splits.train, 64), val, train_cfg)
-    return model.eval(), model_cfg, tokenizer, splits, val
 
 
 def main() -> int:
     args = parse_args()
     quiet_libraries()
     torch.set_num_threads(args.threads)
-    print(f"Fine-tuning MiniLM-L6 on {args.train_samples} snippets ...", file=sys.stderr)
-    full, model_cfg, tokenizer, splits, val = fine_tuned_minilm(args)
-    edited = copy.deepcopy(full)
-    shrink_ffn(edited, args.ffn_width)
-    recipe = ModelRecipe.of(
-        OmegaConf.merge(model_cfg, {"ffn_width": args.ffn_width}), splits.num_labels
-    )
-    reference = reference_of(edited, val)
-    protocol = LatencyProtocol(args.batch_size, args.seq_len, args.threads, 10, args.repeats)
-    example = example_inputs(tokenizer, splits.val.texts, protocol)
-    deploy_cfg = OmegaConf.load(CONF_DIR / "deploy" / "default.yaml")
-    deploy_cfg.latency.num_threads = args.threads
+    try:
+        return bench(args)
+    except ConfigError as exc:  # e.g. the data's files are missing
+        print(exc, file=sys.stderr)
+        return 2
 
-    rows: dict[str, dict] = {BASELINE: {"logits_of": full, "size_mb": float("nan")}}
+
+def bench(args: argparse.Namespace) -> int:
+    cfg = compose_config(config_overrides(args))
+    splits = load_splits(cfg.data)
+    modality = modality_for(cfg, SearchSpace(), splits)
+    backends = args.backends or default_backends(modality.name)
+    check_backends(backends, modality.name, {})
+    train_data = modality.encode(splits.train.items, splits.train.labels)
+    val = modality.encode(splits.val.items, splits.val.labels)
+    print(
+        f"Training {args.model} on {len(train_data)} {' '.join(EXAMPLES[args.data])} ...",
+        file=sys.stderr,
+    )
+    baseline = trained_model(cfg, splits.num_labels, modality.name, train_data, val)
+    # Backends convert an edited copy; the baseline is only timed.
+    edited = copy.deepcopy(baseline)
+    edited_cfg = OmegaConf.merge(cfg.model, edits(args))
+    apply_edits(edited, edited_cfg)
+    recipe = ModelRecipe.of(edited_cfg, splits.num_labels)
+    reference = reference_of(edited, val)
+    protocol = LatencyProtocol.from_config(cfg.deploy.latency)
+    example = modality.example(splits.val.items, protocol)
+    # What static int8 backends calibrate on, as in a study.
+    calibration = calibration_inputs(train_data, int(cfg.deploy.calibration_samples))
+
+    baseline_name = BASELINES[args.model]
+    rows: dict[str, dict] = {baseline_name: {"logits_of": baseline, "size_mb": float("nan")}}
     with tempfile.TemporaryDirectory() as workdir:
-        for name in args.backends:
+        for name in backends:
             try:
                 workdir_of = Path(workdir) / name
-                converted = convert(name, edited, recipe, example, deploy_cfg, workdir_of)
+                converted = convert(
+                    name, edited, recipe, example, cfg.deploy, workdir_of, calibration
+                )
                 checks = check_outputs(collect_logits(converted.logits_of, val), reference)
             except Exception as exc:  # an unavailable or failing backend is reported, not fatal
                 print(f"{name}: {type(exc).__name__}: {exc}", file=sys.stderr)
@@ -118,19 +226,17 @@ def main() -> int:
                 timings[name].append(round_latencies(row["logits_of"], example, protocol))
             print(f"round {round_index + 1}/{args.rounds} done", file=sys.stderr)
 
-    baseline_p50 = float(np.median(np.concatenate(timings[BASELINE])))
+    baseline_p50 = float(np.median(np.concatenate(timings[baseline_name])))
+    print(f"\n{title(args, cfg, len(train_data), example)}")
+    against = f"at FFN {args.ffn_width}" if args.model == "minilm" else "of the same model"
     print(
-        f"\nMiniLM-L6 fine-tuned on {args.train_samples} Rotten Tomatoes snippets, FFN "
-        f"{args.ffn_width}; batch {args.batch_size}, seq {args.seq_len}, {args.threads} threads, "
-        f"{args.rounds} rounds x {args.repeats} calls; {cpu_model()}, torch {torch.__version__}"
+        f"Agreement and accuracy on {len(val)} validation {EXAMPLES[args.data][1]}, "
+        f"against eager fp32 {against}.\n"
     )
     print(
-        f"Agreement and accuracy on {len(val)} validation snippets, against eager fp32 "
-        f"at FFN {args.ffn_width}.\n"
-    )
-    print(
-        "| backend | p50 ms | p95 ms | spread of round medians | speed-up vs eager fp32 "
-        "full width | size MB | agreement | max logit diff | val acc | convert s |"
+        f"| backend | p50 ms | p95 ms | spread of round medians | speed-up vs "
+        f"{baseline_name.replace(',', '')} | size MB | agreement | max logit diff | val acc | "
+        "convert s |"
     )
     print("| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for name, row in rows.items():
@@ -144,12 +250,12 @@ def main() -> int:
             f"{_cell(row, 'val_accuracy', '.3f')} | {_cell(row, 'convert_s', '.1f')} |"
         )
     if args.study:
-        compare_front(args, baseline_p50)
+        compare_front(args, baseline_name, baseline_p50)
     return 0
 
 
 def _cell(row: dict, key: str, spec: str) -> str:
-    """A table cell; the full-width baseline is only timed, so it has no other figures."""
+    """A table cell; the baseline is only timed, so it has no other figures."""
     value = row.get(key, float("nan"))
     return "-" if math.isnan(value) else format(value, spec)
 
@@ -159,7 +265,7 @@ def round_latencies(logits_of, example, protocol: LatencyProtocol) -> list[float
     return measure_latency(logits_of, example, protocol).samples_ms
 
 
-def compare_front(args: argparse.Namespace, baseline_p50: float) -> None:
+def compare_front(args: argparse.Namespace, baseline_name: str, baseline_p50: float) -> None:
     study = optuna.load_study(study_name=args.study, storage=args.storage)
     points = study_points(study)
     eager = [p for p in points if p.backend == "eager"]
@@ -169,12 +275,14 @@ def compare_front(args: argparse.Namespace, baseline_p50: float) -> None:
     best = max(p.val_accuracy for p in eager)
     close = [p for p in points if p.val_accuracy >= best - args.max_accuracy_drop]
     fastest = min(close, key=lambda p: p.latency_ms_p50)
+    # The point's backend and structure (its `model.*` params, e.g. FFN width and depth).
+    params = sorted((k, v) for k, v in fastest.params.items() if k.startswith("model."))
+    what = ", ".join([fastest.backend, *(f"{key}={value}" for key, value in params)])
     print(
         f"\nStudy {args.study}: best eager fp32 val_accuracy {best:.4f}. Fastest point within "
-        f"{args.max_accuracy_drop:.2f} of it: trial {fastest.trial_number} "
-        f"({fastest.backend}, model.ffn_width={fastest.params.get('model.ffn_width')}), "
+        f"{args.max_accuracy_drop:.2f} of it: trial {fastest.trial_number} ({what}), "
         f"val_accuracy {fastest.val_accuracy:.4f}, p50 {fastest.latency_ms_p50:.2f} ms = "
-        f"{baseline_p50 / fastest.latency_ms_p50:.2f}x faster than eager fp32 at full width "
+        f"{baseline_p50 / fastest.latency_ms_p50:.2f}x faster than {baseline_name} "
         f"({baseline_p50:.2f} ms here)."
     )
 

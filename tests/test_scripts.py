@@ -7,36 +7,40 @@ import sys
 
 from conftest import REPO
 
+SMALL = ["--train-samples", "64", "--val-samples", "32", "--rounds", "1", "--repeats", "2"]
 
-def test_bench_backends_prints_a_row_per_backend():
+
+def bench_backends_rows(*args: str) -> list[list[str]]:
+    """The cells of the table rows of `scripts/bench_backends.py ARGS`, header first."""
     result = subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "scripts" / "bench_backends.py"),
-            "--ffn-width",
-            "512",
-            "--backends",
-            "eager",
-            "int8_dynamic",
-            "--train-samples",
-            "64",
-            "--val-samples",
-            "32",
-            "--rounds",
-            "1",
-            "--repeats",
-            "2",
-            "--seq-len",
-            "32",
-        ],
+        [sys.executable, str(REPO / "scripts" / "bench_backends.py"), *args, *SMALL],
         capture_output=True,
         text=True,
         timeout=600,
     )
     assert result.returncode == 0, result.stderr
     rows = [line for line in result.stdout.splitlines() if line.startswith("| ")]
-    names = [row.split("|")[1].strip() for row in rows[1:]]
+    return [[cell.strip() for cell in row.split("|")[1:-1]] for row in rows]
+
+
+def test_bench_backends_prints_a_row_per_backend():
+    rows = bench_backends_rows(
+        "--ffn-width", "512", "--backends", "eager", "int8_dynamic", "--seq-len", "32"
+    )
+    names = [row[0] for row in rows[1:]]
     assert names == ["---", "eager fp32, full width", "eager", "int8_dynamic"]
-    eager = rows[3].split("|")
-    assert float(eager[6]) > 0  # artifact size in MB
-    assert eager[7].strip() == "100.0%"  # eager agrees with itself
+    eager = rows[3]
+    assert float(eager[5]) > 0  # artifact size in MB
+    assert eager[6] == "100.0%"  # eager agrees with itself
+
+
+def test_bench_backends_deploys_a_cnn_with_the_same_table():
+    rows = bench_backends_rows(
+        "--model", "resnet", "--data", "digits", "--backends", "eager", "int8_dynamic"
+    )
+    names = [row[0] for row in rows[1:]]
+    assert names == ["---", "eager fp32, in memory", "eager", "int8_dynamic"]
+    assert len(rows[0]) == 10  # the MiniLM table's columns
+    eager = rows[3]
+    assert float(eager[5]) > 0
+    assert eager[6] == "100.0%"

@@ -85,6 +85,7 @@ VALUE_RULES: dict[str, Rule] = {
     "study.hypervolume_reference.val_accuracy": FRACTION,
     "study.hypervolume_reference.latency_ms_p50": OPTIONAL_POSITIVE,
     "deploy.onnx.opset": POSITIVE_INT,
+    "deploy.calibration_samples": POSITIVE_INT,
     "deploy.latency.batch_size": POSITIVE_INT,
     "deploy.latency.seq_len": POSITIVE_INT,
     "deploy.latency.num_threads": POSITIVE_INT,

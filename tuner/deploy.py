@@ -8,6 +8,7 @@ NaN/Inf outputs fail the point. Any error is kept on the point; the other backen
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -94,6 +95,7 @@ def convert(
     example: ExampleInputs,
     deploy_cfg: DictConfig,
     workdir: Path,
+    calibration: Sequence[tuple[torch.Tensor, ...]] = (),
 ) -> Converted:
     """Export the model's artifact into `workdir`, load it back, and call it once.
 
@@ -106,7 +108,9 @@ def convert(
         raise BackendFailed(f"unavailable on this machine: {reason}")
     workdir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    artifact = backend.export(model, ConversionContext(example, workdir, deploy_cfg, recipe))
+    artifact = backend.export(
+        model, ConversionContext(example, workdir, deploy_cfg, recipe, calibration)
+    )
     logits_of = backend.load(artifact, deploy_cfg)
     with torch.inference_mode():
         logits_of(*example.tensors)
@@ -135,13 +139,16 @@ def deploy_on(
     protocol: LatencyProtocol,
     deploy_cfg: DictConfig,
     workdir: Path,
+    calibration: Sequence[tuple[torch.Tensor, ...]] = (),
 ) -> BackendResult:
     """Convert, check and time `model` on one backend, leaving its artifact in `workdir`;
     failures come back as `error`."""
     started = time.perf_counter()
     try:
         with track_peak_memory() as memory:
-            converted = convert(backend_name, model, recipe, example, deploy_cfg, workdir)
+            converted = convert(
+                backend_name, model, recipe, example, deploy_cfg, workdir, calibration
+            )
             checks = check_outputs(collect_logits(converted.logits_of, val_data), reference)
             latency = measure_latency(converted.logits_of, example, protocol)
     except Exception as exc:  # any backend failure stays on this point

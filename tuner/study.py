@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import itertools
 import os
 import socket
 import tempfile
@@ -20,6 +21,7 @@ from optuna.storages._heartbeat import is_heartbeat_enabled
 from optuna.trial import TrialState
 
 from tuner import budget, console
+from tuner.backends import BACKENDS
 from tuner.checks import candidate_values, check_config
 from tuner.config import (
     apply_debug,
@@ -31,6 +33,7 @@ from tuner.config import (
 from tuner.constraints import Constraints, constraints_func
 from tuner.convergence import convergence
 from tuner.data import Splits, load_splits
+from tuner.data.batches import Encoded
 from tuner.edits import EDITS
 from tuner.errors import ConfigError
 from tuner.front import Point, front_note, points_of, study_points
@@ -176,7 +179,7 @@ def run_study(
     torch.set_num_threads(int(cfg.train.num_threads or os.cpu_count() or 1))
 
     splits = load_splits(cfg.data)
-    modality = _modality(cfg, space, splits)
+    modality = modality_for(cfg, space, splits)
     edit_keys = {EDITS.get(name).config_key for name in EDITS}
     factory = ModelFactory(splits.num_labels, edit_keys)
     _check_edits(factory, prepared)
@@ -189,6 +192,7 @@ def run_study(
 
     constraints = Constraints.from_config(cfg.study)
     backends = deployment_backends(cfg, space)
+    check_backends(backends, modality.name, sources or {})
     tracker = Tracker(str(cfg.tracking.uri), str(cfg.tracking.experiment))
     study, storage = _create_study(cfg, constraints, tracker)
     n_trials = int(cfg.study.n_trials)
@@ -224,6 +228,7 @@ def run_study(
         if budget.trained(trials) >= n_trials:
             study.stop()
 
+    train_data = modality.encode(splits.train.items, splits.train.labels)
     with tempfile.TemporaryDirectory(prefix="tuner-inputs-") as inputs_dir:
         # Saved once: every logged model ships the input pipeline (tokenizer, or image
         # normalisation) beside its backend artifact.
@@ -233,7 +238,8 @@ def run_study(
             space=space,
             backends=backends,
             constraints=constraints,
-            train_data=modality.encode(splits.train.items, splits.train.labels),
+            train_data=train_data,
+            calibration=calibration_inputs(train_data, int(cfg.deploy.calibration_samples)),
             val_data=modality.encode(splits.val.items, splits.val.labels),
             example=example,
             protocol=protocol,
@@ -272,7 +278,7 @@ def run_study(
     return points
 
 
-def _modality(cfg: DictConfig, space: SearchSpace, splits: Splits) -> Modality:
+def modality_for(cfg: DictConfig, space: SearchSpace, splits: Splits) -> Modality:
     """The data's input pipeline, once the model family is known to read that modality."""
     family = MODEL_FAMILIES.get(str(cfg.model.family))
     if family.modality != splits.modality:
@@ -283,6 +289,27 @@ def _modality(cfg: DictConfig, space: SearchSpace, splits: Splits) -> Modality:
     modality_type = MODALITIES.get(splits.modality)
     modality_type.check(cfg, space)
     return modality_type.from_config(cfg, splits)
+
+
+def check_backends(backends: Sequence[str], modality: str, sources: Mapping[str, str]) -> None:
+    for name in backends:
+        supported = BACKENDS.get(name).modalities
+        if modality not in supported:
+            where = f"; defined in {sources[BACKEND_KEY]}" if BACKEND_KEY in sources else ""
+            raise ConfigError(
+                f"Invalid config: key 'deploy.backend': '{name}' deploys "
+                f"{' and '.join(sorted(supported))} models, not {modality} ones{where}"
+            )
+
+
+_CALIBRATION_BATCH = 32
+
+
+def calibration_inputs(train_data: Encoded, samples: int) -> list[tuple[torch.Tensor, ...]]:
+    """The first training batches (in order, so every backend and trial sees the same), for
+    backends that calibrate activation ranges."""
+    batches = train_data.batches(_CALIBRATION_BATCH)
+    return [batch.inputs for batch in itertools.islice(batches, -(-samples // _CALIBRATION_BATCH))]
 
 
 def _nothing_left(study: optuna.Study, n_trials: int) -> bool:

@@ -129,6 +129,8 @@ class TrialContext:
     constraints: Constraints
     train_data: Encoded
     val_data: Encoded
+    # Batches of training inputs for backends that calibrate activation ranges.
+    calibration: list[tuple[torch.Tensor, ...]]
     example: ExampleInputs
     protocol: LatencyProtocol
     # The protocol, the machine and the input shape, recorded with every point.
@@ -279,6 +281,7 @@ class Objective:
                 ctx.protocol,
                 cfg.deploy,
                 workdir / backend,
+                ctx.calibration,
             )
             console.backend_result(result)
             results[backend] = result

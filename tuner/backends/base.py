@@ -7,7 +7,7 @@ latency are measured is the artifact that is logged and shipped, not an in-memor
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,12 +44,14 @@ class ExampleInputs:
 @dataclass(frozen=True)
 class ConversionContext:
     """What a conversion may use: example inputs, a scratch directory, the `deploy` config,
-    and the model's recipe (PyTorch artifacts ship it beside their weights)."""
+    the model's recipe (PyTorch artifacts ship it beside their weights), and batches of
+    training inputs for backends that calibrate activation ranges (static int8)."""
 
     example: ExampleInputs
     workdir: Path
     deploy: DictConfig
     recipe: ModelRecipe
+    calibration: Sequence[tuple[torch.Tensor, ...]] = ()
 
 
 @dataclass(frozen=True)
@@ -61,12 +63,21 @@ class Backend:
             must not modify the model.
         load: artifact + the `deploy` config -> a callable returning logits; what serving runs.
         unavailable_reason: why this machine cannot run the backend, or None when it can.
+        modalities: the input modalities whose models it deploys (`tuner.modalities`).
     """
 
     name: str
     export: Callable[[nn.Module, ConversionContext], Path]
     load: Callable[[Path, DictConfig], Logits]
     unavailable_reason: Callable[[], str | None] = lambda: None
+    modalities: frozenset[str] = frozenset({"text", "image"})
 
 
 BACKENDS: Registry[Backend] = Registry("deploy.backend")
+
+
+def calibration_batches(ctx: ConversionContext) -> Sequence[tuple[torch.Tensor, ...]]:
+    """The calibration batches, or a clear failure for a backend that needs them."""
+    if not ctx.calibration:
+        raise ValueError("static quantisation needs calibration batches of training inputs")
+    return ctx.calibration

@@ -35,7 +35,7 @@ def _export(model: nn.Module, ctx: ConversionContext) -> Path:
 
 
 def _load(artifact: Path, deploy: DictConfig) -> Logits:
-    return load_quantized(artifact, _quantize)
+    return load_quantized(artifact, lambda model, saved: _quantize(model))
 
 
 BACKENDS.register("int8_dynamic")(

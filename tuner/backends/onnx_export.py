@@ -67,9 +67,17 @@ def load_session(path: Path, deploy: DictConfig) -> Logits:
 
 
 def register_onnx_backend(
-    name: str, export: Callable[[nn.Module, ConversionContext], Path]
+    name: str,
+    export: Callable[[nn.Module, ConversionContext], Path],
+    modalities: frozenset[str] = frozenset({"text", "image"}),
 ) -> None:
     """An ONNX Runtime backend: its own export, the shared session loader and availability."""
     BACKENDS.register(name)(
-        Backend(name=name, export=export, load=load_session, unavailable_reason=onnxruntime_missing)
+        Backend(
+            name=name,
+            export=export,
+            load=load_session,
+            unavailable_reason=onnxruntime_missing,
+            modalities=modalities,
+        )
     )

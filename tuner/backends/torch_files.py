@@ -11,6 +11,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import safe_open
@@ -36,17 +37,21 @@ def load_weights(path: Path) -> nn.Module:
     return model.eval()
 
 
-def save_quantized(module: nn.Module, recipe: ModelRecipe, path: Path) -> Path:
-    torch.save({RECIPE_KEY: recipe.to_json(), "state_dict": module.state_dict()}, path)
+def save_quantized(module: nn.Module, recipe: ModelRecipe, path: Path, **extras: Any) -> Path:
+    """The quantised state, the recipe, and `extras` (plain values the quantiser needs again)."""
+    torch.save({RECIPE_KEY: recipe.to_json(), "state_dict": module.state_dict(), **extras}, path)
     return path
 
 
-def load_quantized(path: Path, quantize: Callable[[nn.Module], nn.Module]) -> nn.Module:
-    """Rebuild the float architecture, quantise it the same way, then load the saved state."""
+def load_quantized(
+    path: Path, quantize: Callable[[nn.Module, dict[str, Any]], nn.Module]
+) -> nn.Module:
+    """Rebuild the float architecture, quantise it the same way (given everything saved), then
+    load the saved state: scales and zero points included, so no calibration runs again."""
     with warnings.catch_warnings():
         # Quantised tensors are rebuilt through torch's deprecated TypedStorage path.
         warnings.simplefilter("ignore", UserWarning)
         saved = torch.load(path, weights_only=True, map_location="cpu")
-    model = quantize(ModelRecipe.from_json(saved[RECIPE_KEY]).build())
+    model = quantize(ModelRecipe.from_json(saved[RECIPE_KEY]).build(), saved)
     model.load_state_dict(saved["state_dict"])
     return model.eval()

@@ -33,7 +33,3 @@ def batch_order(size: int, generator: torch.Generator | None) -> torch.Tensor:
     return (
         torch.randperm(size, generator=generator) if generator is not None else torch.arange(size)
     )
-
-
-def num_batches(data: Encoded, batch_size: int) -> int:
-    return -(-len(data) // batch_size)

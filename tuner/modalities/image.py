@@ -79,7 +79,8 @@ class ImageModality(Modality):
         """Real images at the data's resolution; the protocol's seq_len does not apply."""
         index = np.arange(protocol.batch_size) % len(items)
         images = self.encode(np.asarray(items)[index]).images
-        return ExampleInputs((images,), ("images",), {"images": {0: "batch"}})
+        dynamic = {"images": {0: "batch", 2: "height", 3: "width"}}
+        return ExampleInputs((images,), ("images",), dynamic)
 
     def save(self, directory: Path) -> None:
         settings = {"shape": list(self.shape), "mean": self.mean, "std": self.std}

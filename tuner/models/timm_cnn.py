@@ -19,16 +19,20 @@ from tuner.errors import ConfigError
 from tuner.models.base import MODEL_FAMILIES, ModelFamily, NewLayer
 from tuner.registry import Registry
 
-# Activation module -> the name `train.init=auto` chooses by.
-_ACTIVATION_NAMES: dict[type[nn.Module], str] = {
-    nn.ReLU: "relu",
-    nn.ReLU6: "relu",
-    nn.LeakyReLU: "relu",
-    nn.GELU: "gelu",
-    nn.SiLU: "silu",
-    nn.Hardswish: "silu",
-    nn.Tanh: "tanh",
-    nn.Sigmoid: "sigmoid",
+# Activation class name -> the name `train.init=auto` chooses by. By name, because timm has its
+# own classes beside torch's (timm.layers.activations.Tanh, GELU, Swish, ...).
+_ACTIVATION_NAMES: dict[str, str] = {
+    "ReLU": "relu",
+    "ReLU6": "relu",
+    "LeakyReLU": "relu",
+    "GELU": "gelu",
+    "GELUTanh": "gelu",
+    "SiLU": "silu",
+    "Swish": "silu",
+    "Hardswish": "silu",
+    "HardSwish": "silu",
+    "Tanh": "tanh",
+    "Sigmoid": "sigmoid",
 }
 
 # (width multiplier or None, blocks per stage or None) -> constructor keyword arguments
@@ -42,8 +46,9 @@ _RESNET_CHANNELS = (64, 128, 256, 512)
 def _resnet_structure(width: float | None, depth: int | None) -> dict[str, Any]:
     args: dict[str, Any] = {}
     if width is not None:
+        # The stages' widths; the plain 7x7 stem keeps its 64 channels (timm's stem_width only
+        # applies to deep stems).
         args["channels"] = tuple(max(1, round(c * width)) for c in _RESNET_CHANNELS)
-        args["stem_width"] = max(1, round(_RESNET_CHANNELS[0] * width))
     if depth is not None:
         args["layers"] = (depth,) * len(_RESNET_CHANNELS)
     return args
@@ -62,7 +67,7 @@ class TimmClassifier(nn.Module):
     def activation(self) -> str:
         """The model's activation: the first activation module, in definition order."""
         for module in self.net.modules():
-            name = _ACTIVATION_NAMES.get(type(module))
+            name = _ACTIVATION_NAMES.get(type(module).__name__)
             if name is not None:
                 return name
         return "linear"

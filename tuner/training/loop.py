@@ -11,7 +11,7 @@ import torch
 from omegaconf import DictConfig
 from torch import nn
 
-from tuner.data.batches import Encoded, num_batches
+from tuner.data.batches import Encoded
 from tuner.errors import TrialFailed
 from tuner.training.mixing import BatchLoss
 from tuner.training.optim import build_optimizer
@@ -79,7 +79,10 @@ def train(
     (`tuner.training.mixing`); fail the trial on NaN/Inf loss."""
     generator = torch.Generator().manual_seed(int(cfg.seed))
     optimizer = build_optimizer(model, cfg.optimizer, float(cfg.lr), float(cfg.weight_decay))
-    steps_per_epoch = num_batches(train_data, cfg.batch_size)
+    batch_size = int(cfg.batch_size)
+    # A trailing batch of one example is skipped: batch norm cannot normalise a single example.
+    skip_single = batch_size > 1 and len(train_data) % batch_size == 1
+    steps_per_epoch = -(-len(train_data) // batch_size) - int(skip_single)
     total_steps = steps_per_epoch * int(cfg.epochs)
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, _linear_warmup_decay(total_steps, float(cfg.warmup_ratio))
@@ -88,7 +91,9 @@ def train(
     for epoch in range(1, int(cfg.epochs) + 1):
         model.train()
         loss_sum = 0.0
-        for batch in train_data.batches(cfg.batch_size, generator):
+        for batch in train_data.batches(batch_size, generator):
+            if skip_single and len(batch.labels) == 1:
+                continue
             loss = batch_loss(model, batch, generator)
             if not math.isfinite(loss.item()):
                 raise TrialFailed(

@@ -1,0 +1,27 @@
+"""Eager fp32 with every batch norm folded into the convolution before it (inference only: the
+running statistics become the convolution's weights and bias), by torch.fx's fusion pass. The
+artifact is the eager weights; folding happens when it is loaded, in well under a second."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from omegaconf import DictConfig
+from torch import nn
+from torch.fx.experimental.optimization import fuse
+
+from tuner.backends.base import BACKENDS, Backend, ConversionContext, Logits
+from tuner.backends.torch_files import load_weights, save_weights
+
+
+def _export(model: nn.Module, ctx: ConversionContext) -> Path:
+    return save_weights(model.eval(), ctx.recipe, ctx.workdir / "model.safetensors")
+
+
+def _load(artifact: Path, deploy: DictConfig) -> Logits:
+    return fuse(load_weights(artifact))
+
+
+BACKENDS.register("conv_bn_folded")(
+    Backend(name="conv_bn_folded", export=_export, load=_load, modalities=frozenset({"image"}))
+)
