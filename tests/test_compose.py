@@ -13,6 +13,7 @@ from tuner.config import (
     CONF_DIR,
     SEARCH_SPACE_DIR,
     apply_debug,
+    debug_profile_keys,
     register_resolvers,
     resolve,
     search_space_sources,
@@ -96,6 +97,25 @@ def test_debug_profile_wins_over_the_experiment_and_renames_the_study():
         )
     )
     assert tuned.study.n_trials == 3
+
+
+def test_the_debug_profile_shrinks_each_model_family_its_own_way():
+    text = resolve(apply_debug(_compose("+experiment=bert_ffn", "debug=smoke")))
+    image = resolve(apply_debug(_compose("+experiment=resnet_mixup", "debug=smoke")))
+    assert text.model.random_init and text.model.config_overrides.hidden_size == 32
+    # The timm model gets none of the transformer's overrides, and stays searched as it was.
+    assert "random_init" not in image.model and "config_overrides" not in image.model
+    assert image.data.max_train_samples == 256 and image.study.name == "resnet_mixup-smoke"
+    assert debug_profile_keys(_compose("+experiment=bert_ffn", "debug=smoke")) >= {
+        "model.random_init",
+        "model.config_overrides.hidden_size",
+        "study.n_trials",
+    }
+    # debug.overrides.model.* wins over the family's tiny model.
+    tuned = _compose(
+        "+experiment=bert_ffn", "debug=smoke", "+debug.overrides.model.random_init=false"
+    )
+    assert not resolve(apply_debug(tuned)).model.random_init
 
 
 def test_a_heartbeat_grace_period_within_one_interval_is_refused():

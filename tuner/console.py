@@ -64,12 +64,16 @@ def trial_header(index: int, total: int, trial_number: int, params: Mapping[str,
 
 
 def backend_result(result: BackendResult) -> None:
+    from tuner.backends import BACKENDS
+
+    # One column for every registered backend name, so results line up.
+    width = max(len(name) for name in BACKENDS.names())
     if result.error:
-        console.print(f"  {result.backend:<17} [red]failed:[/] {result.error}")
+        console.print(f"  {result.backend:<{width}} [red]failed:[/] {result.error}")
         return
     assert result.latency is not None
     console.print(
-        f"  {result.backend:<17} val_accuracy {result.val_accuracy:.4f} "
+        f"  {result.backend:<{width}} val_accuracy {result.val_accuracy:.4f} "
         f"(agrees {result.agreement:.1%})  latency p50 {result.latency.p50_ms:6.2f} ms "
         f"(p95 {result.latency.p95_ms:.2f})  size {result.model_size_mb:.1f} MB  "
         f"convert {result.convert_seconds:.1f} s"
