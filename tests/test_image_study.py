@@ -39,6 +39,8 @@ def image_study(tmp_path_factory):
 def test_image_study_trains_and_deploys_on_both_backends(image_study):
     path, result = image_study
     assert "sklearn.datasets.load_digits" in result.stdout
+    # Library spam (quantisation deprecations, MLflow, ONNX Runtime) stays quiet.
+    assert "Warning" not in result.stderr, result.stderr
     study = optuna.load_study(study_name=STUDY, storage=f"sqlite:///{path}/optuna.db")
     points = study_points(study)
     # 2 trained configurations x 2 backends, each a complete point.

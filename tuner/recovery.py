@@ -25,16 +25,40 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM, handled like Ctrl-C: the running trial is failed and queued again."""
 
 
-@contextmanager
-def sigterm_as_interrupt() -> Iterator[None]:
-    def interrupt(signum, frame) -> None:
-        raise Terminated()
+# Interrupts that arrived but may not have reached the main code (see `interruptible`).
+_pending: list[KeyboardInterrupt] = []
 
-    previous = signal.signal(signal.SIGTERM, interrupt)
+
+@contextmanager
+def interruptible() -> Iterator[None]:
+    """Ctrl-C raises KeyboardInterrupt and SIGTERM raises `Terminated`, as usual, and both are
+    remembered: a signal handler can run inside a garbage-collection callback or `__del__`,
+    where Python prints the exception and carries on, so `raise_if_interrupted` raises it
+    again at the next safe point (every training step, every backend)."""
+
+    def handler(exception: type[KeyboardInterrupt]):
+        def interrupt(signum, frame) -> None:
+            _pending.append(exception())
+            raise _pending[-1]
+
+        return interrupt
+
+    previous = {
+        signal.SIGINT: signal.signal(signal.SIGINT, handler(KeyboardInterrupt)),
+        signal.SIGTERM: signal.signal(signal.SIGTERM, handler(Terminated)),
+    }
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for signum, restored in previous.items():
+            signal.signal(signum, restored)
+        _pending.clear()
+
+
+def raise_if_interrupted() -> None:
+    """Raise an interrupt whose handler fired where its exception was lost."""
+    if _pending:
+        raise _pending.pop()
 
 
 def requeue(

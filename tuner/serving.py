@@ -76,7 +76,9 @@ class PointModel(mlflow.pyfunc.PythonModel):
         )
         self.modality = MODALITIES.get(self.spec.modality).load(Path(context.artifacts["inputs"]))
 
-    def predict(self, context, model_input, params=None) -> pd.DataFrame:
+    # Hinted as a DataFrame for MLflow, which warns at import about any other hint or none; image
+    # models receive a numpy array, as their logged signature says, and MLflow passes it as is.
+    def predict(self, context, model_input: pd.DataFrame, params=None) -> pd.DataFrame:
         from tuner.training import collect_logits
 
         items = self.modality.items_of(model_input)

@@ -40,7 +40,7 @@ from tuner.front import Point, front_note, points_of, study_points
 from tuner.latency import LatencyProtocol
 from tuner.modalities import MODALITIES, Modality
 from tuner.models import MODEL_FAMILIES
-from tuner.recovery import StaleTrials, sigterm_as_interrupt
+from tuner.recovery import StaleTrials, interruptible
 from tuner.retrain import override_keys
 from tuner.samplers import SAMPLERS
 from tuner.space import SearchSpace
@@ -262,7 +262,7 @@ def run_study(
             ),
         )
         try:
-            with sigterm_as_interrupt():
+            with interruptible():
                 _run_to_budget(
                     study, Objective(context), publish, n_trials, int(cfg.study.heartbeat.interval)
                 )

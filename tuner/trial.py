@@ -49,7 +49,7 @@ from tuner.modalities import Modality
 from tuner.models import build_model
 from tuner.pareto import pareto_mask
 from tuner.recipe import ModelRecipe
-from tuner.recovery import requeue
+from tuner.recovery import raise_if_interrupted, requeue
 from tuner.retrain import retrain_command, retrain_overrides
 from tuner.serving import PointSpec, deploy_config, log_point_model
 from tuner.space import SearchSpace
@@ -246,6 +246,10 @@ class Objective:
             metrics = {"train_loss": epoch.train_loss, "val_accuracy": epoch.val_accuracy}
             ctx.tracker.log_metrics(run_id, metrics, step=epoch.epoch)
 
+        def step_done(done: int, total: int) -> None:
+            raise_if_interrupted()
+            progress.update(task, completed=done, total=total)
+
         with console.training_progress() as progress:
             task = progress.add_task("training", total=None)
             result = train(
@@ -254,7 +258,7 @@ class Objective:
                 ctx.val_data,
                 cfg.train,
                 batch_loss(ctx.serving.modality.name, cfg.train, ctx.factory.num_labels),
-                on_step=lambda done, total: progress.update(task, completed=done, total=total),
+                on_step=step_done,
                 on_epoch=log_epoch,
             )
         reference = Reference(result.val_logits, ctx.val_data.labels)
@@ -271,6 +275,7 @@ class Objective:
         recipe = ModelRecipe.of(cfg.model, ctx.factory.num_labels)
         results = {}
         for backend in backends:
+            raise_if_interrupted()
             result = deploy_on(
                 backend,
                 trained.model,

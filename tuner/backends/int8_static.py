@@ -8,6 +8,7 @@ fills it, so nothing is calibrated again and nothing is unpickled.
 
 from __future__ import annotations
 
+import copy
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -64,8 +65,6 @@ def _quantize(model: nn.Module, example: tuple[torch.Tensor, ...], calibration=(
 
 
 def _export(model: nn.Module, ctx: ConversionContext) -> Path:
-    import copy
-
     example = ctx.example.tensors
     quantized = _quantize(copy.deepcopy(model), example, calibration_batches(ctx))
     shapes = [list(t.shape) for t in example]

@@ -47,14 +47,14 @@ class ImageModality(Modality):
                 f"Invalid data in {splits.origin}: images must be (N, H, W) or (N, C, H, W), "
                 f"got shape {pixels.shape}"
             )
-        shape = tuple(int(size) for size in pixels.shape[1:])
+        channels, height, width = (int(size) for size in pixels.shape[1:])
         in_chans = cfg.model.get("in_chans")
-        if in_chans != shape[0]:
+        if in_chans != channels:
             raise ConfigError(
                 f"Invalid config: key 'model.in_chans': {in_chans}, but the images of "
-                f"{splits.origin} have {shape[0]} channel(s)"
+                f"{splits.origin} have {channels} channel(s)"
             )
-        return cls(shape, float(pixels.mean()), float(pixels.std()) or 1.0)  # type: ignore[arg-type]
+        return cls((channels, height, width), float(pixels.mean()), float(pixels.std()) or 1.0)
 
     @staticmethod
     def check(cfg: DictConfig, space: SearchSpace) -> None:

@@ -11,9 +11,9 @@ import pandas as pd
 from mlflow.models import ModelSignature
 from mlflow.types import ColSpec, Schema
 from omegaconf import DictConfig
-from optuna.distributions import CategoricalDistribution
 
 from tuner.backends.base import ExampleInputs
+from tuner.checks import candidate_values
 from tuner.data.splits import Splits
 from tuner.data.tokens import TokenizedTexts, tokenize_texts
 from tuner.errors import ConfigError
@@ -52,9 +52,7 @@ class TextModality(Modality):
     def check(cfg: DictConfig, space: SearchSpace) -> None:
         searched = space.distributions.get("train.cutmix_alpha")
         values = (
-            list(searched.choices)
-            if isinstance(searched, CategoricalDistribution)
-            else [searched.high]
+            candidate_values(searched)
             if searched is not None
             else [cfg.train.get("cutmix_alpha", 0)]
         )
