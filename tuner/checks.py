@@ -120,14 +120,15 @@ def check_config(cfg: DictConfig, space: SearchSpace, sources: Mapping[str, str]
             if value not in registry:
                 raise ConfigError(
                     f"Invalid config: key '{key}'{where}: unknown value {value!r}; choose one "
-                    f"of {', '.join(registry.names())}" + _source(key, sources)
+                    f"of {', '.join(registry.names())}" + defined_in(key, sources)
                 )
     for key, (valid, rule) in VALUE_RULES.items():
         values, where = _values(cfg, space, key)
         for value in values:
             if not valid(value):
                 raise ConfigError(
-                    f"Invalid config: key '{key}'{where}: {value!r} {rule}" + _source(key, sources)
+                    f"Invalid config: key '{key}'{where}: {value!r} {rule}"
+                    + defined_in(key, sources)
                 )
     _check_heartbeat(cfg)
 
@@ -142,5 +143,6 @@ def _check_heartbeat(cfg: DictConfig) -> None:
         )
 
 
-def _source(key: str, sources: Mapping[str, str]) -> str:
+def defined_in(key: str, sources: Mapping[str, str]) -> str:
+    """`; defined in FILE` for a search-space key, for error messages."""
     return f"; defined in {sources[key]}" if key in sources else ""

@@ -22,7 +22,7 @@ from optuna.trial import TrialState
 
 from tuner import budget, console
 from tuner.backends import BACKENDS
-from tuner.checks import candidate_values, check_config
+from tuner.checks import candidate_values, check_config, defined_in
 from tuner.config import (
     apply_debug,
     debug_profile_keys,
@@ -295,10 +295,10 @@ def check_backends(backends: Sequence[str], modality: str, sources: Mapping[str,
     for name in backends:
         supported = BACKENDS.get(name).modalities
         if modality not in supported:
-            where = f"; defined in {sources[BACKEND_KEY]}" if BACKEND_KEY in sources else ""
             raise ConfigError(
                 f"Invalid config: key 'deploy.backend': '{name}' deploys "
-                f"{' and '.join(sorted(supported))} models, not {modality} ones{where}"
+                f"{' and '.join(sorted(supported))} models, not {modality} ones"
+                + defined_in(BACKEND_KEY, sources)
             )
 
 

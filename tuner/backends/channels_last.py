@@ -7,14 +7,9 @@ from pathlib import Path
 
 import torch
 from omegaconf import DictConfig
-from torch import nn
 
-from tuner.backends.base import BACKENDS, Backend, ConversionContext, Logits
-from tuner.backends.torch_files import load_weights, save_weights
-
-
-def _export(model: nn.Module, ctx: ConversionContext) -> Path:
-    return save_weights(model.eval(), ctx.recipe, ctx.workdir / "model.safetensors")
+from tuner.backends.base import BACKENDS, Backend, Logits
+from tuner.backends.torch_files import export_weights, load_weights
 
 
 def _load(artifact: Path, deploy: DictConfig) -> Logits:
@@ -27,5 +22,7 @@ def _load(artifact: Path, deploy: DictConfig) -> Logits:
 
 
 BACKENDS.register("channels_last")(
-    Backend(name="channels_last", export=_export, load=_load, modalities=frozenset({"image"}))
+    Backend(
+        name="channels_last", export=export_weights, load=_load, modalities=frozenset({"image"})
+    )
 )

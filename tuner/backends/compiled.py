@@ -11,10 +11,9 @@ from pathlib import Path
 
 import torch
 from omegaconf import DictConfig
-from torch import nn
 
-from tuner.backends.base import BACKENDS, Backend, ConversionContext, Logits
-from tuner.backends.torch_files import load_weights, save_weights
+from tuner.backends.base import BACKENDS, Backend, Logits
+from tuner.backends.torch_files import export_weights, load_weights
 
 
 def _unavailable() -> str | None:
@@ -23,14 +22,10 @@ def _unavailable() -> str | None:
     return None
 
 
-def _export(model: nn.Module, ctx: ConversionContext) -> Path:
-    return save_weights(model.eval(), ctx.recipe, ctx.workdir / "model.safetensors")
-
-
 def _load(artifact: Path, deploy: DictConfig) -> Logits:
     return torch.compile(load_weights(artifact), mode=str(deploy.compile.mode), dynamic=True)
 
 
 BACKENDS.register("compile")(
-    Backend(name="compile", export=_export, load=_load, unavailable_reason=_unavailable)
+    Backend(name="compile", export=export_weights, load=_load, unavailable_reason=_unavailable)
 )

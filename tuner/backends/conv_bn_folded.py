@@ -7,15 +7,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from omegaconf import DictConfig
-from torch import nn
 from torch.fx.experimental.optimization import fuse
 
-from tuner.backends.base import BACKENDS, Backend, ConversionContext, Logits
-from tuner.backends.torch_files import load_weights, save_weights
-
-
-def _export(model: nn.Module, ctx: ConversionContext) -> Path:
-    return save_weights(model.eval(), ctx.recipe, ctx.workdir / "model.safetensors")
+from tuner.backends.base import BACKENDS, Backend, Logits
+from tuner.backends.torch_files import export_weights, load_weights
 
 
 def _load(artifact: Path, deploy: DictConfig) -> Logits:
@@ -23,5 +18,7 @@ def _load(artifact: Path, deploy: DictConfig) -> Logits:
 
 
 BACKENDS.register("conv_bn_folded")(
-    Backend(name="conv_bn_folded", export=_export, load=_load, modalities=frozenset({"image"}))
+    Backend(
+        name="conv_bn_folded", export=export_weights, load=_load, modalities=frozenset({"image"})
+    )
 )

@@ -5,18 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from omegaconf import DictConfig
-from torch import nn
 
-from tuner.backends.base import BACKENDS, Backend, ConversionContext, Logits
-from tuner.backends.torch_files import load_weights, save_weights
-
-
-def _export(model: nn.Module, ctx: ConversionContext) -> Path:
-    return save_weights(model.eval(), ctx.recipe, ctx.workdir / "model.safetensors")
+from tuner.backends.base import BACKENDS, Backend, Logits
+from tuner.backends.torch_files import export_weights, load_weights
 
 
 def _load(artifact: Path, deploy: DictConfig) -> Logits:
     return load_weights(artifact)
 
 
-BACKENDS.register("eager")(Backend(name="eager", export=_export, load=_load))
+BACKENDS.register("eager")(Backend(name="eager", export=export_weights, load=_load))

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import importlib.util
+import logging
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -40,6 +42,18 @@ def export_onnx(model: nn.Module, ctx: ConversionContext, path: Path) -> Path:
             dynamo=False,
         )
     return path
+
+
+@contextmanager
+def quiet_root_logger() -> Iterator[None]:
+    """ONNX Runtime's quantisers advise pre-processing through the root logger on every call."""
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        root.setLevel(level)
 
 
 def load_session(path: Path, deploy: DictConfig) -> Logits:

@@ -4,13 +4,12 @@ with one scale per tensor, at the same speed)."""
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
 from torch import nn
 
 from tuner.backends.base import ConversionContext
-from tuner.backends.onnx_export import export_onnx, register_onnx_backend
+from tuner.backends.onnx_export import export_onnx, quiet_root_logger, register_onnx_backend
 
 
 def _export(model: nn.Module, ctx: ConversionContext) -> Path:
@@ -18,14 +17,8 @@ def _export(model: nn.Module, ctx: ConversionContext) -> Path:
 
     fp32 = export_onnx(model, ctx, ctx.workdir / "model.fp32.onnx")
     artifact = ctx.workdir / "model.int8.onnx"
-    root = logging.getLogger()
-    level = root.level
-    # The quantiser advises pre-processing through the root logger on every call.
-    root.setLevel(logging.ERROR)
-    try:
+    with quiet_root_logger():
         quantize_dynamic(str(fp32), str(artifact), weight_type=QuantType.QInt8, per_channel=True)
-    finally:
-        root.setLevel(level)
     return artifact
 
 

@@ -5,13 +5,12 @@ than fp32 convolutions on CPU (docs/benchmarks.md)."""
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
 from torch import nn
 
 from tuner.backends.base import ConversionContext, calibration_batches
-from tuner.backends.onnx_export import export_onnx, register_onnx_backend
+from tuner.backends.onnx_export import export_onnx, quiet_root_logger, register_onnx_backend
 
 
 def _export(model: nn.Module, ctx: ConversionContext) -> Path:
@@ -38,11 +37,7 @@ def _export(model: nn.Module, ctx: ConversionContext) -> Path:
 
     fp32 = export_onnx(model, ctx, ctx.workdir / "model.fp32.onnx")
     artifact = ctx.workdir / "model.int8_static.onnx"
-    root = logging.getLogger()
-    level = root.level
-    # The quantiser advises pre-processing through the root logger on every call.
-    root.setLevel(logging.ERROR)
-    try:
+    with quiet_root_logger():
         quantize_static(
             str(fp32),
             str(artifact),
@@ -53,8 +48,6 @@ def _export(model: nn.Module, ctx: ConversionContext) -> Path:
             weight_type=QuantType.QInt8,
             calibrate_method=CalibrationMethod.MinMax,
         )
-    finally:
-        root.setLevel(level)
     return artifact
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from safetensors import safe_open
@@ -20,12 +20,21 @@ from torch import nn
 
 from tuner.recipe import ModelRecipe
 
+if TYPE_CHECKING:
+    from tuner.backends.base import ConversionContext
+
 RECIPE_KEY = "tuner.recipe"
 
 
 def save_weights(module: nn.Module, recipe: ModelRecipe, path: Path) -> Path:
     save_model(module, str(path), metadata={RECIPE_KEY: recipe.to_json()})
     return path
+
+
+def export_weights(model: nn.Module, ctx: ConversionContext) -> Path:
+    """The eager fp32 weights as the artifact: for backends that change only how the model
+    runs (compile, memory format, folding), which they apply when loading."""
+    return save_weights(model.eval(), ctx.recipe, ctx.workdir / "model.safetensors")
 
 
 def load_weights(path: Path) -> nn.Module:

@@ -28,8 +28,12 @@ class Encoded(Protocol):
     ) -> Iterator[Batch]: ...
 
 
-def batch_order(size: int, generator: torch.Generator | None) -> torch.Tensor:
-    """Examples in order, or shuffled by `generator`."""
-    return (
+def index_batches(
+    size: int, batch_size: int, generator: torch.Generator | None
+) -> Iterator[torch.Tensor]:
+    """The example indices of each batch: in order, or shuffled by `generator`."""
+    order = (
         torch.randperm(size, generator=generator) if generator is not None else torch.arange(size)
     )
+    for start in range(0, size, batch_size):
+        yield order[start : start + batch_size]

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tuner.data.batches import Batch, batch_order
+from tuner.data.batches import Batch, index_batches
 
 
 @dataclass(frozen=True)
@@ -19,7 +19,5 @@ class ImageTensors:
         return int(self.labels.shape[0])
 
     def batches(self, batch_size: int, generator: torch.Generator | None = None) -> Iterator[Batch]:
-        order = batch_order(len(self), generator)
-        for start in range(0, len(self), batch_size):
-            index = order[start : start + batch_size]
+        for index in index_batches(len(self), batch_size, generator):
             yield Batch((self.images[index],), self.labels[index])

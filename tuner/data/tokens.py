@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tuner.data.batches import Batch, batch_order
+from tuner.data.batches import Batch, index_batches
 
 
 @dataclass(frozen=True)
@@ -21,9 +21,7 @@ class TokenizedTexts:
 
     def batches(self, batch_size: int, generator: torch.Generator | None = None) -> Iterator[Batch]:
         """Batches of (input_ids, attention_mask); padding beyond each batch is dropped."""
-        order = batch_order(len(self), generator)
-        for start in range(0, len(self), batch_size):
-            index = order[start : start + batch_size]
+        for index in index_batches(len(self), batch_size, generator):
             mask = self.attention_mask[index]
             length = max(int(mask.sum(dim=1).max()), 1)
             yield Batch((self.input_ids[index, :length], mask[:, :length]), self.labels[index])

@@ -10,8 +10,6 @@ from contextlib import contextmanager
 import numpy as np
 import torch
 from omegaconf import DictConfig
-from timm.data import Mixup
-from timm.loss import SoftTargetCrossEntropy
 from torch import nn
 
 from tuner.data.batches import Batch
@@ -30,7 +28,10 @@ def _numpy_seeded(seed: int) -> Iterator[None]:
         np.random.set_state(state)
 
 
-def image_mixer(train_cfg: DictConfig, num_labels: int) -> Mixup:
+def image_mixer(train_cfg: DictConfig, num_labels: int):
+    """timm's `Mixup`, imported here: timm takes seconds to import, which text runs never need."""
+    from timm.data import Mixup
+
     return Mixup(
         mixup_alpha=float(train_cfg.mixup_alpha),
         cutmix_alpha=float(train_cfg.get("cutmix_alpha", 0.0)),
@@ -44,7 +45,7 @@ def image_mixer(train_cfg: DictConfig, num_labels: int) -> Mixup:
 
 
 def mix_images(
-    mixer: Mixup, images: torch.Tensor, labels: torch.Tensor, generator: torch.Generator
+    mixer, images: torch.Tensor, labels: torch.Tensor, generator: torch.Generator
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Mixed images and their soft targets; the input tensor is left as it was."""
     seed = int(torch.randint(0, 2**31 - 1, (), generator=generator))
@@ -56,6 +57,8 @@ def mix_images(
 def image_loss(train_cfg: DictConfig, num_labels: int) -> BatchLoss:
     if float(train_cfg.mixup_alpha) <= 0 and float(train_cfg.get("cutmix_alpha", 0.0)) <= 0:
         return plain_loss
+    from timm.loss import SoftTargetCrossEntropy
+
     mixer = image_mixer(train_cfg, num_labels)
     soft_cross_entropy = SoftTargetCrossEntropy()
 
