@@ -4,6 +4,8 @@
     python scripts/bench_backends.py --study bert_ffn --storage sqlite:///optuna.db
     python scripts/bench_backends.py --model resnet --width-multiplier 0.5 --depth 2
     python scripts/bench_backends.py --model resnet --data digits --train-samples 300
+    python scripts/bench_backends.py --model resnet --backends onnxruntime_int8_static \
+        --variants onnx.int8.reduce_range=true onnx.int8.weight_type=uint8
 
 --model minilm (the default): the packaged MiniLM-L6 gets a short fine-tune on Rotten Tomatoes
 (so agreement is measured on a real classifier), then its FFNs are cut to --ffn-width, and it is
@@ -12,7 +14,9 @@ ResNet-18 at --width-multiplier and --depth is trained from scratch on Fashion-M
 --data digits), and converted for each backend; the baseline is the trained model itself, eager
 fp32 in memory. Models, data, training and deployment are composed from conf/ as
 `python -m tuner model=... data=...` would compose them, and the backends default to every
-registered one that takes the data's modality.
+registered one that takes the data's modality. --variants adds, for each backend, a row per
+`deploy` override (`onnx.int8.reduce_range=true`, `onnx.int8.per_channel=false`, ...), so that
+settings of one backend are compared in the same interleaved rounds.
 
 Timing goes round-robin over the backends and the baseline, for --rounds rounds, so a slow
 spell on a shared CPU hits every backend alike; p50 and p95 pool all timed calls, and "spread"
@@ -36,6 +40,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from tuner.backends import BACKENDS
+from tuner.backends.cpu import isa_flags
 from tuner.config import compose_config
 from tuner.console import quiet_libraries
 from tuner.data import load_splits
@@ -80,6 +85,12 @@ def parse_args() -> argparse.Namespace:
         "--backends",
         nargs="+",
         help="default: every registered backend that takes the data's modality",
+    )
+    parser.add_argument(
+        "--variants",
+        nargs="+",
+        default=[],
+        help="deploy overrides (KEY=VALUE under deploy), each timed as a row of its own",
     )
     parser.add_argument("--batch-size", type=int, default=1)
     parser.add_argument("--seq-len", type=int, default=128, help="minilm: tokens per example")
@@ -203,23 +214,25 @@ def bench(args: argparse.Namespace) -> int:
     baseline_name = BASELINES[args.model]
     rows: dict[str, dict] = {baseline_name: {"logits_of": baseline, "size_mb": float("nan")}}
     with tempfile.TemporaryDirectory() as workdir:
-        for name in backends:
+        for index, (name, variant) in enumerate(rows_to_convert(backends, args.variants)):
+            row = f"{name} {variant}" if variant else name
+            deploy = OmegaConf.merge(
+                cfg.deploy, OmegaConf.from_dotlist([variant] if variant else [])
+            )
             try:
-                workdir_of = Path(workdir) / name
-                converted = convert(
-                    name, edited, recipe, example, cfg.deploy, workdir_of, calibration
-                )
+                workdir_of = Path(workdir) / str(index)
+                converted = convert(name, edited, recipe, example, deploy, workdir_of, calibration)
                 checks = check_outputs(collect_logits(converted.logits_of, val), reference)
             except Exception as exc:  # an unavailable or failing backend is reported, not fatal
-                print(f"{name}: {type(exc).__name__}: {exc}", file=sys.stderr)
+                print(f"{row}: {type(exc).__name__}: {exc}", file=sys.stderr)
                 continue
-            rows[name] = {
+            rows[row] = {
                 "logits_of": converted.logits_of,
                 "size_mb": converted.size_mb,
                 "convert_s": converted.seconds,
                 **checks,
             }
-            print(f"converted {name} in {converted.seconds:.1f} s", file=sys.stderr)
+            print(f"converted {row} in {converted.seconds:.1f} s", file=sys.stderr)
         timings: dict[str, list[list[float]]] = {name: [] for name in rows}
         for round_index in range(args.rounds):
             for name, row in rows.items():
@@ -228,6 +241,7 @@ def bench(args: argparse.Namespace) -> int:
 
     baseline_p50 = float(np.median(np.concatenate(timings[baseline_name])))
     print(f"\n{title(args, cfg, len(train_data), example)}")
+    print(f"CPU flags: {isa_flags()}")
     against = f"at FFN {args.ffn_width}" if args.model == "minilm" else "of the same model"
     print(
         f"Agreement and accuracy on {len(val)} validation {EXAMPLES[args.data][1]}, "
@@ -252,6 +266,12 @@ def bench(args: argparse.Namespace) -> int:
     if args.study:
         compare_front(args, baseline_name, baseline_p50)
     return 0
+
+
+def rows_to_convert(backends: list[str], variants: list[str]) -> list[tuple[str, str]]:
+    """(backend, deploy override) per table row: each backend as configured, then each
+    variant of it."""
+    return [(name, variant) for name in backends for variant in ["", *variants]]
 
 
 def _cell(row: dict, key: str, spec: str) -> str:

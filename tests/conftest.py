@@ -4,16 +4,34 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import torch
 from omegaconf import OmegaConf
+from torch import nn
 
+from tuner.backends import ExampleInputs
+from tuner.data.batches import Encoded
+from tuner.latency import LatencyProtocol
 from tuner.models.hf_encoder import SequenceClassifier
 from tuner.recipe import ModelRecipe
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+def runnable_backends(*overrides: str) -> list[str]:
+    """The backends a composed experiment lists that this machine runs, by the registry's own
+    availability checks: what a study on this machine deploys every trained model on."""
+    from tuner.backends import BACKENDS
+    from tuner.config import compose_config
+    from tuner.space import parse_expression
+
+    cfg = compose_config(list(overrides))
+    listed = parse_expression("deploy.backend", cfg.search_space["deploy.backend"])
+    names = listed.choices if hasattr(listed, "choices") else [listed]
+    return [name for name in names if BACKENDS.get(name).unavailable_reason() is None]
 
 
 TINY_BERT = ModelRecipe(
@@ -40,6 +58,52 @@ def tiny_bert() -> SequenceClassifier:
     return TINY_BERT.build()
 
 
+PROTOCOL = LatencyProtocol(batch_size=1, seq_len=16, num_threads=2, warmup=1, repeats=3)
+
+
+@dataclass(frozen=True)
+class Subject:
+    """A trained model to deploy, with what deployment needs besides it."""
+
+    model: nn.Module
+    recipe: ModelRecipe
+    val_data: Encoded
+    example: ExampleInputs
+    calibration: list[tuple[torch.Tensor, ...]]
+
+
+@pytest.fixture(scope="session")
+def image_subject() -> Subject:
+    """A slim ResNet trained for one epoch on digits (70-85% validation accuracy, by the CPU
+    it is trained on), so that its predictions are confident enough for int8 agreement to mean
+    something."""
+    from tuner.data import load_splits
+    from tuner.modalities.image import ImageModality
+    from tuner.models import build_model
+    from tuner.training import batch_loss, initialise_new_layers, train
+
+    splits = load_splits(OmegaConf.load(REPO / "conf" / "data" / "digits.yaml"))
+    model_cfg = OmegaConf.merge(
+        OmegaConf.load(REPO / "conf" / "model" / "resnet.yaml"),
+        {"width_multiplier": 0.25, "depth": 1},
+    )
+    modality = ImageModality.from_config(OmegaConf.create({"model": {"in_chans": 1}}), splits)
+    train_data = modality.encode(splits.train.items, splits.train.labels)
+    val = modality.encode(splits.val.items, splits.val.labels)
+    torch.manual_seed(0)
+    model = build_model(model_cfg, splits.num_labels)
+    initialise_new_layers(model.new_layers(), "auto")
+    train_cfg = OmegaConf.merge(
+        OmegaConf.load(REPO / "conf" / "train" / "default.yaml"),
+        {"lr": 3e-3, "epochs": 1, "batch_size": 32},
+    )
+    train(model, train_data, val, train_cfg, batch_loss("image", train_cfg, splits.num_labels))
+    calibration = [batch.inputs for batch in train_data.batches(32)][:4]
+    example = modality.example(splits.val.items, PROTOCOL)
+    recipe = ModelRecipe.of(model_cfg, splits.num_labels)
+    return Subject(model.eval(), recipe, val, example, calibration)
+
+
 def cli_command(cwd: Path, *args: str) -> list[str]:
     """`python -m tuner ARGS` with the Optuna and MLflow stores and Hydra's outputs in `cwd`."""
     return [
@@ -53,9 +117,12 @@ def cli_command(cwd: Path, *args: str) -> list[str]:
     ]
 
 
-def run_cli(cwd: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    """Run the CLI as a user would; options such as --config-dir go first in `args`."""
-    env = {**os.environ, "HYDRA_FULL_ERROR": "0"}
+def run_cli(
+    cwd: Path, *args: str, timeout: float = 600, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """Run the CLI as a user would; options such as --config-dir go first in `args`, and
+    `env` adds environment variables."""
+    env = {**os.environ, "HYDRA_FULL_ERROR": "0", **(env or {})}
     command = cli_command(cwd, *args)
     return subprocess.run(
         command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout

@@ -8,7 +8,7 @@ import textwrap
 
 import optuna
 import pytest
-from conftest import run_cli
+from conftest import run_cli, runnable_backends
 from mlflow.tracking import MlflowClient
 
 TrialState = optuna.trial.TrialState
@@ -22,7 +22,8 @@ TRAINING_PARAMS = {
     "model.ffn_width",
     "model.num_layers",
 }
-BACKENDS = {"eager", "bf16", "int8_dynamic", "onnxruntime", "onnxruntime_int8"}
+# What this machine deploys every trained model on: bert_ffn's list less what it cannot run.
+BACKENDS = set(runnable_backends(*SMOKE))
 METRICS = ("val_accuracy", "latency_ms_p50", "latency_ms_p95", "model_size_mb")
 
 
@@ -153,10 +154,59 @@ def test_failing_backend_keeps_the_other_points(tmp_path):
     _, _, children = _mlflow(tmp_path)
     statuses = {r.data.tags["deploy.backend"]: r for r in children}
     assert {b for b, r in statuses.items() if r.info.status == "FAILED"} == {
-        "onnxruntime",
-        "onnxruntime_int8",
+        b for b in BACKENDS if b.startswith("onnxruntime")
     }
     assert "opset" in statuses["onnxruntime"].data.tags["failure_reason"].lower()
+
+
+# oneDNN capped below its bf16 kernels, as on a CPU without native bf16 (AVX2-only machines).
+NO_BF16 = {"ONEDNN_MAX_CPU_ISA": "AVX2"}
+
+
+def test_a_backend_this_machine_cannot_run_is_left_out_with_its_reason(tmp_path):
+    result = run_cli(tmp_path, *SMOKE, "debug.overrides.study.n_trials=1", env=NO_BF16)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("is left out on this machine") == 1
+    assert "Backend bf16 is left out on this machine:" in result.stdout
+    study = _study(tmp_path)
+    # No failed point for it: every trial is complete, one per backend that runs.
+    assert {t.state for t in study.trials} == {TrialState.COMPLETE}
+    assert {t.params["deploy.backend"] for t in study.trials} == BACKENDS - {"bf16"}
+    _, parents, _ = _mlflow(tmp_path)
+    assert parents[0].data.params["deploy.left_out"].startswith("bf16: ")
+    assert "bf16" not in parents[0].data.params["deploy.backends"]
+
+
+def test_no_runnable_backend_stops_before_anything_is_created(tmp_path):
+    result = run_cli(tmp_path, *SMOKE, "deploy.backend=bf16", env=NO_BF16)
+    assert result.returncode == 2
+    assert "key 'deploy.backend': no listed backend runs on this machine (bf16: " in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "optuna.db").exists()
+    assert not (tmp_path / "mlflow.db").exists()
+
+
+def test_a_resume_with_other_backend_choices_is_refused_before_training(tmp_path):
+    first = run_cli(
+        tmp_path,
+        *SMOKE,
+        "debug.overrides.study.n_trials=1",
+        "search_space={deploy.backend:'choice(eager)'}",
+    )
+    assert first.returncode == 0, first.stderr
+    result = run_cli(
+        tmp_path,
+        *SMOKE,
+        "debug.overrides.study.n_trials=2",
+        "search_space={deploy.backend:'choice(eager,onnxruntime)'}",
+    )
+    assert result.returncode == 2
+    assert (
+        "key 'deploy.backend': study 'bert_ffn-smoke' samples it from choice(eager), this run "
+        "would from choice(eager, onnxruntime)"
+    ) in result.stderr
+    assert "Trial" not in result.stdout
+    assert len(_study(tmp_path).trials) == 1
 
 
 def test_accuracy_drop_constraint_reaches_optuna_and_the_front(tmp_path):

@@ -14,6 +14,7 @@ import pytest
 from conftest import run_cli
 from mlflow.tracking import MlflowClient
 
+from tuner.backends import BACKENDS
 from tuner.config import apply_debug, compose_config, resolve
 from tuner.data import load_splits
 from tuner.front import study_points
@@ -26,6 +27,10 @@ SMOKE = (
     "search_space={deploy.backend:'choice(eager,int8_static)'}",
 )
 STUDY = "resnet_mixup-smoke"
+_UNAVAILABLE = BACKENDS.get("int8_static").unavailable_reason()
+pytestmark = pytest.mark.skipif(
+    _UNAVAILABLE is not None, reason=f"int8_static is unavailable here: {_UNAVAILABLE}"
+)
 
 
 @pytest.fixture(scope="module")

@@ -184,9 +184,8 @@ def _screenshot(page: Page, path: Path) -> None:
 
 def _check_run_list(page: Page, base: str, study: Study, shot: Path) -> None:
     """The experiment's runs: the parent run, and each trial run once the parent is unfolded."""
-    page.goto(f"{base}/#/experiments/{study.experiment_id}")
-    # The UI opens an experiment in its GenAI view; the toggle's choice holds for later pages.
-    page.get_by_role("button", name="Model training", exact=True).click()
+    # The runs view's own address: the experiment's plain address opens its GenAI overview.
+    page.goto(f"{base}/#/experiments/{study.experiment_id}/runs")
     page.wait_for_url(lambda url: _route(url) == f"/experiments/{study.experiment_id}/runs")
     parent = page.get_by_role("link", name=study.parent.info.run_name, exact=True)
     parent.wait_for()

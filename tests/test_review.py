@@ -14,7 +14,7 @@ import mlflow
 import optuna
 import pandas as pd
 import pytest
-from conftest import REPO, run_cli
+from conftest import REPO, run_cli, runnable_backends
 from mlflow.tracking import MlflowClient
 
 from tuner.config import apply_debug, compose_config, resolve
@@ -81,8 +81,10 @@ def test_parent_run_holds_the_front_hypervolume_and_protocol(smoke):
     study = _load_study(smoke)
     points = study_points(study)
     history = client.get_metric_history(parent.info.run_id, "hypervolume")
-    # One value after each of the 2 trials, stepped by the study's trial count, never falling.
-    assert [m.step for m in history] == [5, 10]
+    # One value after each of the 2 trials, stepped by the study's trial count (a point per
+    # backend this machine runs), never falling.
+    backends = len(runnable_backends(*SMOKE))
+    assert [m.step for m in history] == [backends, 2 * backends]
     assert history[0].value <= history[1].value
     reference = study.user_attrs["hypervolume_reference"]
     # Fixed after the first trial: twice the slowest point of the first trained model.
@@ -129,7 +131,7 @@ def test_pareto_points_are_deployable_mlflow_models(smoke):
         assert set(predicted["label"]) <= set(splits.label_names)
         truth = [splits.label_names[label] for label in splits.val.labels]
         accuracy = float((predicted["label"] == truth).mean())
-        assert accuracy == pytest.approx(point.val_accuracy, abs=1.5 / len(truth))
+        assert accuracy == pytest.approx(point.val_accuracy, abs=1e-9)
     # Points that never joined the front carry no model.
     for run in children:
         number = int(run.data.tags["optuna.trial_number"])
@@ -248,7 +250,8 @@ def test_tags_stay_right_after_a_resume_that_changes_the_front(tmp_path):
     assert again.returncode == 0, again.stderr
     client, _, parents, children = _runs(tmp_path)
     points = {p.trial_number: p for p in study_points(_load_study(tmp_path))}
-    assert len(children) == 10
+    # Two configurations trained here, one point per backend this machine runs.
+    assert len(children) == 2 * len(runnable_backends(*SMOKE))
     for run in children:
         wanted = points[int(run.data.tags["optuna.trial_number"])].pareto
         assert run.data.tags["pareto"] == ("true" if wanted else "false")

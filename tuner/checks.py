@@ -85,6 +85,12 @@ VALUE_RULES: dict[str, Rule] = {
     "study.hypervolume_reference.val_accuracy": FRACTION,
     "study.hypervolume_reference.latency_ms_p50": OPTIONAL_POSITIVE,
     "deploy.onnx.opset": POSITIVE_INT,
+    "deploy.onnx.int8.reduce_range": (
+        lambda v: v == "auto" or isinstance(v, bool),
+        "must be auto, true or false",
+    ),
+    "deploy.onnx.int8.weight_type": (lambda v: v in ("int8", "uint8"), "must be int8 or uint8"),
+    "deploy.onnx.int8.per_channel": (lambda v: isinstance(v, bool), "must be true or false"),
     "deploy.calibration_samples": POSITIVE_INT,
     "deploy.latency.batch_size": POSITIVE_INT,
     "deploy.latency.seq_len": POSITIVE_INT,

@@ -112,6 +112,10 @@ def database_retry(operation: str, error: str, seconds: float) -> None:
     )
 
 
+def backend_left_out(backend: str, reason: str) -> None:
+    console.print(f"[yellow]Backend {backend} is left out on this machine:[/] {reason}")
+
+
 def model_not_logged(backend: str, reason: str) -> None:
     console.print(f"  [yellow]{backend}: point kept, but its model was not logged:[/] {reason}")
 

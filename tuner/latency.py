@@ -2,7 +2,7 @@
 
 Shared CPUs are noisy, so the protocol reports the median and the 95th percentile of many calls
 and records everything needed to compare two measurements (batch, sequence length, threads,
-repeats, CPU model, torch version).
+repeats, CPU model and instruction sets, torch version).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import torch
 from omegaconf import DictConfig
 
 from tuner.backends.base import ExampleInputs
+from tuner.backends.cpu import isa_flags
 
 
 @dataclass(frozen=True)
@@ -36,7 +37,12 @@ class LatencyProtocol:
 
     def record(self, prefix: str = "") -> dict[str, str | int]:
         """The protocol and the machine it ran on, as recorded with every measurement."""
-        values = {**asdict(self), "cpu": cpu_model(), "torch_version": torch.__version__}
+        values = {
+            **asdict(self),
+            "cpu": cpu_model(),
+            "cpu_flags": isa_flags(),
+            "torch_version": torch.__version__,
+        }
         return {f"{prefix}{key}": value for key, value in values.items()}
 
 

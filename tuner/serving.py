@@ -41,7 +41,6 @@ _REQUIREMENTS = (
     "timm",
     "torchvision",
 )
-_BATCH = 32
 
 
 @dataclass(frozen=True)
@@ -84,9 +83,10 @@ class PointModel(mlflow.pyfunc.PythonModel):
         items = self.modality.items_of(model_input)
         if len(items) == 0:
             return pd.DataFrame({"label": pd.Series(dtype=str), "score": pd.Series(dtype=float)})
-        # The same encoding and batching that measured the point's validation accuracy.
+        # The same encoding and batching that measured the point's validation accuracy, so the
+        # validation set served gives exactly the logits that were measured.
         encoded = self.modality.encode(items)
-        logits = collect_logits(self.logits_of, encoded, batch_size=_BATCH)
+        logits = collect_logits(self.logits_of, encoded)
         best = torch.softmax(logits, dim=-1).max(dim=-1)
         return pd.DataFrame(
             {

@@ -10,13 +10,13 @@ import tempfile
 import time
 import zlib
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import optuna
 import torch
 from omegaconf import DictConfig, OmegaConf
-from optuna.distributions import CategoricalDistribution
+from optuna.distributions import CategoricalDistribution, check_distribution_compatibility
 from optuna.storages._heartbeat import is_heartbeat_enabled
 from optuna.trial import TrialState
 
@@ -191,10 +191,13 @@ def run_study(
     )
 
     constraints = Constraints.from_config(cfg.study)
-    backends = deployment_backends(cfg, space)
-    check_backends(backends, modality.name, sources or {})
+    listed = deployment_backends(cfg, space)
+    check_backends(listed, modality.name, sources or {})
+    backends, left_out = runnable_backends(listed, sources or {})
+    space = _deploy_only_on(space, backends)
     tracker = Tracker(str(cfg.tracking.uri), str(cfg.tracking.experiment))
     study, storage = _create_study(cfg, constraints, tracker)
+    check_same_space(study, space, sources or {}, left_out)
     n_trials = int(cfg.study.n_trials)
     if _nothing_left(study, n_trials):
         console.budget_reached(study.study_name, n_trials)
@@ -209,6 +212,7 @@ def run_study(
             "study.sampler": cfg.study.sampler,
             "search_space": ", ".join(space.keys),
             "deploy.backends": ", ".join(backends),
+            **({"deploy.left_out": _described(left_out)} if left_out else {}),
             "study.max_accuracy_drop": constraints.max_accuracy_drop,
             "study.latency_budget_ms": constraints.latency_budget_ms,
             **protocol_record,
@@ -300,6 +304,79 @@ def check_backends(backends: Sequence[str], modality: str, sources: Mapping[str,
                 f"{' and '.join(sorted(supported))} models, not {modality} ones"
                 + defined_in(BACKEND_KEY, sources)
             )
+
+
+def runnable_backends(
+    backends: Sequence[str], sources: Mapping[str, str]
+) -> tuple[list[str], dict[str, str]]:
+    """The listed backends this machine can run, and why each other one cannot (one console
+    line each). None runnable stops the study before anything is created."""
+    left_out = {}
+    for name in backends:
+        reason = BACKENDS.get(name).unavailable_reason()
+        if reason:
+            left_out[name] = reason
+            console.backend_left_out(name, reason)
+    runnable = [name for name in backends if name not in left_out]
+    if not runnable:
+        raise ConfigError(
+            f"Invalid config: key 'deploy.backend': no listed backend runs on this machine "
+            f"({_described(left_out)})" + defined_in(BACKEND_KEY, sources)
+        )
+    return runnable, left_out
+
+
+def _described(reasons: Mapping[str, str]) -> str:
+    return "; ".join(f"{name}: {reason}" for name, reason in reasons.items())
+
+
+def _deploy_only_on(space: SearchSpace, backends: Sequence[str]) -> SearchSpace:
+    """The search space with `deploy.backend` drawn from the runnable backends only, so that no
+    trial's own point is one this machine cannot deploy."""
+    if not isinstance(space.distributions.get(BACKEND_KEY), CategoricalDistribution):
+        return space
+    narrowed = CategoricalDistribution(list(backends))
+    return replace(space, distributions={**space.distributions, BACKEND_KEY: narrowed})
+
+
+def check_same_space(
+    study: optuna.Study,
+    space: SearchSpace,
+    sources: Mapping[str, str],
+    left_out: Mapping[str, str],
+) -> None:
+    """A resumed study samples every key as its earlier trials did: Optuna refuses other
+    choices of a categorical key (or another kind of range) trial by trial, so that is
+    refused here, once, before any training."""
+    recorded: dict[str, optuna.distributions.BaseDistribution] = {}
+    for trial in study.get_trials(deepcopy=False):
+        for name, distribution in trial.distributions.items():
+            recorded.setdefault(name, distribution)
+    for name, distribution in space.distributions.items():
+        if name not in recorded:
+            continue
+        try:
+            check_distribution_compatibility(recorded[name], distribution)
+        except ValueError:
+            hint = "; keep the study's search space, or start another study.name"
+            if name == BACKEND_KEY:
+                # The backends of a study are those the machine that started it could run.
+                hint = (
+                    (f" ({_described(left_out)})" if left_out else "")
+                    + "; resume it on a machine that runs the same backends, or start another "
+                    "study.name"
+                )
+            raise ConfigError(
+                f"Invalid config: key '{name}': study '{study.study_name}' samples it from "
+                f"{_shown(recorded[name])}, this run would from {_shown(distribution)}{hint}"
+                + defined_in(name, sources)
+            ) from None
+
+
+def _shown(distribution: optuna.distributions.BaseDistribution) -> str:
+    if isinstance(distribution, CategoricalDistribution):
+        return f"choice({', '.join(str(choice) for choice in distribution.choices)})"
+    return repr(distribution)
 
 
 _CALIBRATION_BATCH = 32

@@ -11,16 +11,8 @@ from omegaconf import DictConfig
 from torch import nn
 
 from tuner.backends.base import BACKENDS, Backend, ConversionContext, Logits
-from tuner.backends.cpu import cpu_flags
+from tuner.backends.cpu import native_bf16_unavailable
 from tuner.backends.torch_files import load_weights, save_weights
-
-NATIVE_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16", "bf16"})
-
-
-def _unavailable() -> str | None:
-    if not cpu_flags() & NATIVE_BF16_FLAGS:
-        return "this CPU has no native bf16 instructions (avx512_bf16, amx_bf16 or Arm bf16)"
-    return None
 
 
 def _export(model: nn.Module, ctx: ConversionContext) -> Path:
@@ -41,5 +33,5 @@ def _load(artifact: Path, deploy: DictConfig) -> Logits:
 
 
 BACKENDS.register("bf16")(
-    Backend(name="bf16", export=_export, load=_load, unavailable_reason=_unavailable)
+    Backend(name="bf16", export=_export, load=_load, unavailable_reason=native_bf16_unavailable)
 )

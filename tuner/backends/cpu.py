@@ -1,9 +1,31 @@
-"""What this CPU offers, as the backends' availability checks need it."""
+"""What this CPU offers, as the backends' availability checks and int8 settings need it."""
 
 from __future__ import annotations
 
+import os
+import re
 from functools import cache
 from pathlib import Path
+
+# int8 dot products that accumulate in int32 (no saturating 16-bit intermediate sums).
+VNNI_FLAGS = frozenset({"avx512_vnni", "avx_vnni", "amx_int8"})
+NATIVE_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16", "bf16"})
+# The flags that decide what a backend is worth here, recorded with every latency.
+_RECORDED_FLAGS = re.compile(r"^(avx2|avx512.*|avx_vnni.*|amx.*|fma|f16c|bf16|i8mm|sve.*|asimd.*)$")
+
+# oneDNN's ISA names (ONEDNN_MAX_CPU_ISA) in rising order; bf16 kernels start at
+# AVX512_CORE_BF16. Later names (AMX, AVX10) all include it.
+_ONEDNN_ISAS = (
+    "SSE41",
+    "AVX",
+    "AVX2",
+    "AVX2_VNNI",
+    "AVX2_VNNI_2",
+    "AVX512_CORE",
+    "AVX512_CORE_VNNI",
+    "AVX512_CORE_BF16",
+)
+_ONEDNN_BF16 = _ONEDNN_ISAS.index("AVX512_CORE_BF16")
 
 
 @cache
@@ -15,3 +37,32 @@ def cpu_flags() -> frozenset[str]:
         if line.startswith(("flags", "Features")):
             return frozenset(line.split(":", 1)[1].split())
     return frozenset()
+
+
+def isa_flags() -> str:
+    """The vector and matrix instruction sets of this CPU, e.g. `avx2 avx512_vnni amx_int8`."""
+    return " ".join(sorted(flag for flag in cpu_flags() if _RECORDED_FLAGS.match(flag)))
+
+
+def has_vnni() -> bool:
+    return bool(cpu_flags() & VNNI_FLAGS)
+
+
+def onednn_isa_cap() -> str | None:
+    """The ISA that oneDNN (PyTorch's CPU kernels for bf16 and int8) is capped at by
+    ONEDNN_MAX_CPU_ISA (or its old name DNNL_MAX_CPU_ISA), or None when it is not capped."""
+    value = os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA")
+    if not value or value.strip().upper() in ("", "ALL", "DEFAULT"):
+        return None
+    return value.strip().upper()
+
+
+def native_bf16_unavailable() -> str | None:
+    """Why PyTorch cannot compute in bf16 natively here, or None when it can. Without native
+    instructions bf16 is emulated and several times slower than fp32."""
+    if not cpu_flags() & NATIVE_BF16_FLAGS:
+        return "this CPU has no native bf16 instructions (avx512_bf16, amx_bf16 or Arm bf16)"
+    cap = onednn_isa_cap()
+    if cap in _ONEDNN_ISAS and _ONEDNN_ISAS.index(cap) < _ONEDNN_BF16:
+        return f"ONEDNN_MAX_CPU_ISA={cap} keeps oneDNN below its bf16 kernels (AVX512_CORE_BF16)"
+    return None

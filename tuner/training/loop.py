@@ -39,8 +39,16 @@ class TrainResult:
         return self.epochs[-1].val_accuracy
 
 
+# Validation, deployment checks and serving all batch examples alike: int8 backends quantise
+# activations with ranges of the whole batch, and text batches are trimmed to their longest
+# example, so the same examples in other batches can give other logits.
+EVAL_BATCH_SIZE = 64
+
+
 @torch.inference_mode()
-def collect_logits(logits_of: Logits, data: Encoded, batch_size: int = 64) -> torch.Tensor:
+def collect_logits(
+    logits_of: Logits, data: Encoded, batch_size: int = EVAL_BATCH_SIZE
+) -> torch.Tensor:
     """Logits of any callable mapping model inputs to logits, in data order."""
     outputs = [logits_of(*batch.inputs).float() for batch in data.batches(batch_size)]
     return torch.cat(outputs) if outputs else torch.empty(0, 0)
@@ -50,7 +58,7 @@ def accuracy(logits: torch.Tensor, labels: torch.Tensor) -> float:
     return float((logits.argmax(dim=-1) == labels).float().mean()) if len(labels) else 0.0
 
 
-def evaluate(logits_of: Logits, data: Encoded, batch_size: int = 64) -> float:
+def evaluate(logits_of: Logits, data: Encoded, batch_size: int = EVAL_BATCH_SIZE) -> float:
     """Accuracy of any callable mapping model inputs to logits."""
     return accuracy(collect_logits(logits_of, data, batch_size), data.labels)
 
