@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import textwrap
@@ -69,13 +70,21 @@ def _assert_one_training_per_config(study: optuna.Study, trainings: int) -> None
             )
 
 
+@pytest.mark.slow
 def test_smoke_study_end_to_end_and_resume(tmp_path):
     result = run_cli(tmp_path, *SMOKE)
     assert result.returncode == 0, result.stderr
     assert "Trial 1/2" in result.stdout and "Trial 2/2" in result.stdout
     assert "Pareto front of 'bert_ffn-smoke'" in result.stdout
-    # Trained once per configuration: one training progress line per trial.
-    assert result.stdout.count(" steps ") == 2
+    # Trained once per configuration: a log (no terminal) gets plain progress lines as training
+    # goes, each with step, loss and ETA, and the last one at the final step of each trial.
+    steps = re.findall(
+        r"^  training step (\d+)/(\d+) \(\d+%\), loss [\d.]+, elapsed", result.stdout, re.M
+    )
+    assert len(steps) > 2 and sum(done == total for done, total in steps) == 2
+    # How to review it: the MLflow UI command and the runs view of the study's experiment.
+    assert f"mlflow ui --backend-store-uri sqlite:///{tmp_path}/mlflow.db" in result.stdout
+    assert re.search(r"http://127\.0\.0\.1:5000/#/experiments/\d+/runs/[0-9a-f]{32}", result.stdout)
     # Library spam stays quiet.
     assert "Loading weights" not in result.stdout + result.stderr
     assert "Warning" not in result.stderr
@@ -138,6 +147,7 @@ def test_smoke_study_end_to_end_and_resume(tmp_path):
     _assert_pareto_tags_match_the_study(tmp_path, children)
 
 
+@pytest.mark.slow
 def test_failing_backend_keeps_the_other_points(tmp_path):
     # Opset 1 cannot express the model: both ONNX Runtime backends fail to export.
     result = run_cli(tmp_path, *SMOKE, "debug.overrides.study.n_trials=1", "deploy.onnx.opset=1")
@@ -163,6 +173,7 @@ def test_failing_backend_keeps_the_other_points(tmp_path):
 NO_BF16 = {"ONEDNN_MAX_CPU_ISA": "AVX2"}
 
 
+@pytest.mark.slow
 def test_a_backend_this_machine_cannot_run_is_left_out_with_its_reason(tmp_path):
     result = run_cli(tmp_path, *SMOKE, "debug.overrides.study.n_trials=1", env=NO_BF16)
     assert result.returncode == 0, result.stderr
@@ -186,6 +197,7 @@ def test_no_runnable_backend_stops_before_anything_is_created(tmp_path):
     assert not (tmp_path / "mlflow.db").exists()
 
 
+@pytest.mark.slow
 def test_a_resume_with_other_backend_choices_is_refused_before_training(tmp_path):
     first = run_cli(
         tmp_path,
@@ -209,6 +221,7 @@ def test_a_resume_with_other_backend_choices_is_refused_before_training(tmp_path
     assert len(_study(tmp_path).trials) == 1
 
 
+@pytest.mark.slow
 def test_accuracy_drop_constraint_reaches_optuna_and_the_front(tmp_path):
     result = run_cli(
         tmp_path, *SMOKE, "debug.overrides.study.n_trials=1", "study.max_accuracy_drop=0.0"
@@ -279,6 +292,7 @@ def test_unknown_key_in_a_search_space_file_names_the_file(tmp_path):
     assert not (tmp_path / "optuna.db").exists()
 
 
+@pytest.mark.slow
 def test_diverging_trials_are_failed_with_reason_and_the_study_goes_on(tmp_path):
     # A user experiment on a local JSONL file, composed as the README shows.
     data = tmp_path / "reviews.jsonl"

@@ -28,9 +28,13 @@ SMOKE = (
 )
 STUDY = "resnet_mixup-smoke"
 _UNAVAILABLE = BACKENDS.get("int8_static").unavailable_reason()
-pytestmark = pytest.mark.skipif(
-    _UNAVAILABLE is not None, reason=f"int8_static is unavailable here: {_UNAVAILABLE}"
-)
+# Real studies in subprocesses (the full suite's, not the fast selection's), on int8_static.
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        _UNAVAILABLE is not None, reason=f"int8_static is unavailable here: {_UNAVAILABLE}"
+    ),
+]
 
 
 @pytest.fixture(scope="module")

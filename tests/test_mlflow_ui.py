@@ -24,6 +24,9 @@ from conftest import run_cli
 from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
+# Real studies in subprocesses: the full suite's, not the fast selection's.
+pytestmark = pytest.mark.slow
+
 try:
     from playwright.sync_api import Locator, Page, sync_playwright
 except ImportError:  # `_require_browser` fails the test with the remedy

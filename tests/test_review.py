@@ -22,6 +22,9 @@ from tuner.data import load_splits
 from tuner.front import study_points
 from tuner.recommend import Rule, recommend
 
+# Real studies in subprocesses: the full suite's, not the fast selection's.
+pytestmark = pytest.mark.slow
+
 SMOKE = ("+experiment=bert_ffn", "debug=smoke")
 STUDY = "bert_ffn-smoke"
 

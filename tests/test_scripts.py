@@ -5,7 +5,11 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
 from conftest import REPO
+
+# Models trained in subprocesses: the full suite's, not the fast selection's.
+pytestmark = pytest.mark.slow
 
 SMALL = ["--train-samples", "64", "--val-samples", "32", "--rounds", "1", "--repeats", "2"]
 

@@ -18,6 +18,9 @@ from mlflow.tracking import MlflowClient
 
 from tuner import budget
 
+# Real studies in subprocesses: the full suite's, not the fast selection's.
+pytestmark = pytest.mark.slow
+
 TrialState = optuna.trial.TrialState
 SMOKE = ("+experiment=bert_ffn", "debug=smoke")
 STUDY = "bert_ffn-smoke"

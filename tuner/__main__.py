@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import re
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import hydra
@@ -11,6 +13,7 @@ from omegaconf import DictConfig
 
 from tuner.config import CONF_DIR, register_resolvers, search_space_sources
 from tuner.errors import ConfigError
+from tuner.experiments import choose_an_experiment, experiments, help_text
 from tuner.recovery import Terminated
 
 register_resolvers()
@@ -42,5 +45,45 @@ def main(cfg: DictConfig) -> None:
         sys.exit(143 if isinstance(interrupt, Terminated) else 130)
 
 
+_EXPERIMENT = re.compile(r"^\+{0,2}experiment=(.*)$")
+# Hydra's own flags that run no study, so need no experiment.
+_NO_STUDY_FLAGS = ("--help", "-h", "--hydra-help", "--info", "-i", "--version", "--cfg", "-c")
+
+
+def _config_dirs(argv: Sequence[str]) -> list[Path]:
+    """User config directories given with --config-dir/-cd, where experiments may live too."""
+    dirs = []
+    for index, arg in enumerate(argv):
+        if arg in ("--config-dir", "-cd") and index + 1 < len(argv):
+            dirs.append(Path(argv[index + 1]))
+        elif arg.startswith("--config-dir="):
+            dirs.append(Path(arg.split("=", 1)[1]))
+    return dirs
+
+
+def check_experiment(argv: Sequence[str]) -> str | None:
+    """The message for a command line that names no experiment, or one that does not exist;
+    None when the experiment is there (or the command runs no study)."""
+    if any(arg.split("=", 1)[0] in _NO_STUDY_FLAGS for arg in argv):
+        return None
+    named = [m.group(1) for m in map(_EXPERIMENT.match, argv) if m]
+    dirs = _config_dirs(argv)
+    if not named:
+        return choose_an_experiment(dirs)
+    if named[-1] not in experiments(dirs):
+        return choose_an_experiment(dirs, unknown=named[-1])
+    return None
+
+
 if __name__ == "__main__":
-    main()
+    argv = sys.argv[1:]
+    problem = check_experiment(argv)
+    if problem:
+        print(problem, file=sys.stderr)
+        sys.exit(2)
+    try:
+        main()
+    finally:
+        # Hydra exits once it has printed its help; what is here comes after it.
+        if "--help" in argv or "-h" in argv:
+            print(help_text(_config_dirs(argv)))

@@ -73,6 +73,7 @@ VALUE_RULES: dict[str, Rule] = {
     "train.batch_size": POSITIVE_INT,
     "train.warmup_ratio": FRACTION,
     "data.max_length": POSITIVE_INT,
+    "data.drop_empty": (lambda v: isinstance(v, bool), "must be true or false"),
     "model.in_chans": POSITIVE_INT,
     "model.width_multiplier": OPTIONAL_SCALE,
     "model.depth": OPTIONAL_POSITIVE_INT,

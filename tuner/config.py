@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CONF_DIR = ROOT / "conf"
 SEARCH_SPACE_DIR = ROOT / "search_spaces"
 
+_ABSENT = object()
 _REQUIRED = ("study.name", "study.n_trials", "study.storage", "tracking.uri", "data.source")
 
 
@@ -40,11 +41,13 @@ def compose_config(overrides: Sequence[str]) -> DictConfig:
         raise ConfigError(f"Invalid overrides {' '.join(overrides)}: {exc}") from None
 
 
-def apply_debug(cfg: DictConfig) -> DictConfig:
+def apply_debug(cfg: DictConfig, typed: Collection[str] = ()) -> DictConfig:
     """Lay the selected debug profile (e.g. `debug=smoke`) over the composed config.
 
     The profile is applied after composition so that it shrinks any experiment, whatever the
-    experiment sets; its own keys stay overridable as `debug.overrides.<key>=...`.
+    experiment sets; its own keys stay overridable as `debug.overrides.<key>=...`, and values
+    `typed` on the command line (the keys of its overrides) win over it, so that nothing a
+    user typed is replaced.
     """
     debug = cfg.get("debug")
     if not debug:
@@ -55,6 +58,13 @@ def apply_debug(cfg: DictConfig) -> DictConfig:
     # The tiny model of the experiment's own family first, so `debug.overrides.model.*` wins.
     merged.merge_with({"model": _family_overrides(cfg)})
     merged.merge_with(debug.get("overrides") or {})
+    for key in typed:
+        value = OmegaConf.select(cfg, key, default=_ABSENT)
+        # Only plain values: a config group chosen on the command line (`data=csv`) is a node
+        # the profile shrinks, not a value it would replace.
+        plain = value is not _ABSENT and not OmegaConf.is_config(value)
+        if plain and not key.startswith(("debug.", "hydra.")):
+            OmegaConf.update(merged, key, value, merge=False)
     suffix = debug.get("study_suffix") or ""
     if suffix and not str(merged.study.name).endswith(suffix):
         merged.study.name = f"{merged.study.name}{suffix}"

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import logging
+import math
 import os
 import sys
+import time
 import traceback
 import warnings
 from collections.abc import Iterator, Mapping
@@ -128,8 +130,49 @@ class _WithoutFailedTrialReports(logging.Filter):
         return not (message.startswith("Trial ") and " failed with " in message)
 
 
+class LogProgress:
+    """Training progress as plain lines, for logs that are no terminal (CI, nohup, a cluster
+    job): a line every tenth of the steps or every `every_seconds`, whichever comes first, and
+    one at the end, each with the step, the epoch's mean loss so far, elapsed time and ETA."""
+
+    def __init__(self, every_seconds: float = 30.0, fraction: float = 0.1) -> None:
+        self.every_seconds = every_seconds
+        self.fraction = fraction
+        self.description = ""
+        self.started = self.last = time.monotonic()
+        self.next_step = 0
+
+    def add_task(self, description: str, total: int | None = None, **fields: Any) -> int:
+        self.description = description
+        self.started = self.last = time.monotonic()
+        return 0
+
+    def update(self, task: int, completed: int, total: int, loss: float | None = None) -> None:
+        now = time.monotonic()
+        due = completed >= self.next_step or now - self.last >= self.every_seconds
+        if not (due or completed == total):
+            return
+        self.last = now
+        self.next_step = completed + max(1, math.ceil(total * self.fraction))
+        elapsed = now - self.started
+        remaining = elapsed / completed * (total - completed) if completed else 0.0
+        shown_loss = f", loss {loss:.4f}" if loss is not None else ""
+        console.print(
+            f"  {self.description} step {completed}/{total} ({completed / total:.0%})"
+            f"{shown_loss}, elapsed {_clock(elapsed)}, ETA {_clock(remaining)}"
+        )
+
+
+def _clock(seconds: float) -> str:
+    minutes, secs = divmod(int(round(seconds)), 60)
+    return f"{minutes // 60}:{minutes % 60:02d}:{secs:02d}"
+
+
 @contextmanager
-def training_progress() -> Iterator[Progress]:
+def training_progress() -> Iterator[Progress | LogProgress]:
+    if not console.is_terminal:
+        yield LogProgress()
+        return
     progress = Progress(
         TextColumn("  {task.description}"),
         BarColumn(),
@@ -138,8 +181,9 @@ def training_progress() -> Iterator[Progress]:
         TimeElapsedColumn(),
         TextColumn("ETA"),
         TimeRemainingColumn(),
+        TextColumn("loss {task.fields[loss]:.4f}"),
         console=console,
-        transient=console.is_terminal,
+        transient=True,
     )
     with progress:
         yield progress
@@ -183,6 +227,22 @@ def front_summary(study_name: str, points: list[Point], failed: int) -> None:
             f"(#{baseline.trial_number}: {baseline.val_accuracy:.4f}, "
             f"{baseline.latency_ms_p50:.2f} ms)."
         )
+
+
+def review_hint(tracking_uri: str, experiment_id: str, parent_run_id: str | None) -> None:
+    """How to look at the study in the MLflow UI: the command, and the addresses of the
+    experiment's runs and of the run holding the front (the UI opens an experiment on its
+    GenAI overview otherwise)."""
+    served = tracking_uri.startswith(("http://", "https://"))
+    base = tracking_uri.rstrip("/") if served else "http://127.0.0.1:5000"
+    runs = f"{base}/#/experiments/{experiment_id}/runs"
+    if not served:
+        console.print(f"Review it: mlflow ui --backend-store-uri {tracking_uri}")
+    console.print(
+        f"  runs (add val_accuracy, latency_ms_p50 and the pareto tag as columns): {runs}"
+    )
+    if parent_run_id:
+        console.print(f"  the front (Artifacts, pareto/front.html): {runs}/{parent_run_id}")
 
 
 def recommendation(point: Point, rule: str) -> None:

@@ -28,6 +28,7 @@ from tuner.errors import ConfigError
 from tuner.front import Point, study_points
 from tuner.modalities import MODALITIES
 from tuner.recommend import DEFAULT_MAX_ACCURACY_DROP, Rule, recommend
+from tuner.retrain import override_keys
 from tuner.storage import open_storage
 
 TEST_METRIC = "test_accuracy"
@@ -158,7 +159,7 @@ def _summary(
 def report(args: argparse.Namespace) -> int:
     rule = rule_of(args)
     check_export_directory(args.export)
-    cfg = resolve(apply_debug(compose_config(args.overrides)))
+    cfg = resolve(apply_debug(compose_config(args.overrides), override_keys(args.overrides)))
     study = load_study(cfg)
     mlflow.set_tracking_uri(str(cfg.tracking.uri))
     client = mlflow.MlflowClient(str(cfg.tracking.uri))

@@ -69,7 +69,7 @@ def prepare(
         sources: search-space key -> file that defines it, named in errors.
         pinned: keys set on the command line; they are fixed, not searched.
     """
-    cfg = resolve(apply_debug(raw_cfg))
+    cfg = resolve(apply_debug(raw_cfg, pinned))
     space = load_search_space(cfg, sources, pinned)
     cfg = with_params(cfg, space.fixed)
     check_config(cfg, space, sources)
@@ -189,6 +189,8 @@ def run_study(
         f"Data: {len(splits.train)} train / {len(splits.val)} validation "
         f"examples, labels {splits.label_names} ({splits.origin})"
     )
+    if splits.dropped:
+        console.console.print(f"[yellow]Dropped {splits.dropped} (data.drop_empty=true)[/]")
 
     constraints = Constraints.from_config(cfg.study)
     listed = deployment_backends(cfg, space)
@@ -279,6 +281,7 @@ def run_study(
     points = study_points(study, constraints)
     tracker.finish(parent_id)
     console.front_summary(study.study_name, points, _failed(study))
+    console.review_hint(str(cfg.tracking.uri), tracker.experiment_id, parent_id)
     return points
 
 

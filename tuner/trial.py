@@ -246,12 +246,12 @@ class Objective:
             metrics = {"train_loss": epoch.train_loss, "val_accuracy": epoch.val_accuracy}
             ctx.tracker.log_metrics(run_id, metrics, step=epoch.epoch)
 
-        def step_done(done: int, total: int) -> None:
+        def step_done(done: int, total: int, loss: float) -> None:
             raise_if_interrupted()
-            progress.update(task, completed=done, total=total)
+            progress.update(task, completed=done, total=total, loss=loss)
 
         with console.training_progress() as progress:
-            task = progress.add_task("training", total=None)
+            task = progress.add_task("training", total=None, loss=math.nan)
             result = train(
                 model,
                 ctx.train_data,

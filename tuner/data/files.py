@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import csv
+from collections.abc import Sequence
 from pathlib import Path
 
 import pandas as pd
@@ -16,6 +18,21 @@ _READERS = {
     ".jsonl": lambda path: pd.read_json(path, lines=True),
     ".json": lambda path: pd.read_json(path, lines=True),
 }
+
+
+def _record_lines(path: Path) -> list[int]:
+    """The line (1-based, as an editor shows it) where each data record of the file starts; a
+    quoted CSV cell may span lines, and blank lines hold no record."""
+    with path.open(newline="") as file:
+        if path.suffix.lower() in (".jsonl", ".json"):
+            return [number for number, line in enumerate(file, start=1) if line.strip()]
+        reader = csv.reader(file, delimiter="\t" if path.suffix.lower() == ".tsv" else ",")
+        starts, previous = [], 0
+        for record in reader:
+            if record:
+                starts.append(previous + 1)
+            previous = reader.line_num
+        return starts[1:]  # after the header
 
 
 @DATA_SOURCES.register("csv")
@@ -33,11 +50,22 @@ def load_table(data_cfg: DictConfig) -> RawData:
         frame = reader(path)
     except ValueError as exc:
         raise ConfigError(f"Invalid data in {path}: cannot read it: {exc}") from None
-    return table_texts(frame, data_cfg, str(path))
+    lines = _record_lines(path)
+    return table_texts(frame, data_cfg, str(path), lines if len(lines) == len(frame) else None)
 
 
-def table_texts(frame: pd.DataFrame, data_cfg: DictConfig, origin: str) -> RawData:
-    """Pick the configured columns of a table, naming the column and file when one is wrong."""
+def table_texts(
+    frame: pd.DataFrame,
+    data_cfg: DictConfig,
+    origin: str,
+    lines: Sequence[int] | None = None,
+) -> RawData:
+    """Pick the configured columns of a table, naming the column and file when one is wrong.
+
+    Args:
+        lines: the file line each row starts on, to name a bad row as an editor shows it;
+            without them rows are named by their 0-based position.
+    """
     for key in ("text_column", "label_column"):
         column = data_cfg[key]
         if column not in frame.columns:
@@ -45,13 +73,26 @@ def table_texts(frame: pd.DataFrame, data_cfg: DictConfig, origin: str) -> RawDa
                 f"Invalid data in {origin}: key 'data.{key}': no column '{column}' "
                 f"(columns: {', '.join(map(str, frame.columns))})"
             )
-    frame = frame[[data_cfg.text_column, data_cfg.label_column]]
-    empty = frame.isna().any(axis=1)
-    if empty.any():
-        row = int(empty.idxmax())
-        raise ConfigError(f"Invalid data in {origin}: row {row} has an empty text or label")
+    frame = frame[[data_cfg.text_column, data_cfg.label_column]].reset_index(drop=True)
+    empty = [int(i) for i in frame.index[frame.isna().any(axis=1)]]
+
+    def where(row: int) -> str:
+        return f"line {lines[row]}" if lines is not None else f"row {row} (counting from 0)"
+
+    dropped = None
+    if empty and not data_cfg.get("drop_empty", False):
+        raise ConfigError(
+            f"Invalid data in {origin}: {where(empty[0])} has an empty text or label; fill it "
+            "in, or drop such rows with data.drop_empty=true"
+        )
+    if empty:
+        shown = ", ".join(where(row) for row in empty[:10]) + (", ..." if len(empty) > 10 else "")
+        rows = "row" if len(empty) == 1 else "rows"
+        dropped = f"{len(empty)} {rows} with an empty text or label ({shown})"
+        frame = frame.drop(index=empty)
     return RawData(
         items=frame[data_cfg.text_column].astype(str).tolist(),
         labels=frame[data_cfg.label_column].tolist(),
         origin=origin,
+        dropped=dropped,
     )

@@ -22,6 +22,7 @@ class RawData:
         modality: which input pipeline reads the items (`tuner.modalities`).
         test: the source's own held-out test set (e.g. Fashion-MNIST's t10k), used as the test
             split instead of one carved from `items`.
+        dropped: what was left out of the source, told to the user (`data.drop_empty`).
     """
 
     items: Sequence[Any]
@@ -29,6 +30,7 @@ class RawData:
     origin: str
     modality: str = "text"
     test: RawData | None = None
+    dropped: str | None = None
 
 
 DATA_SOURCES: Registry[Callable[[DictConfig], RawData]] = Registry("data.source")

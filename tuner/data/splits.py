@@ -33,6 +33,8 @@ class Splits:
     origin: str
     # Which input pipeline reads the items (`tuner.modalities`).
     modality: str
+    # What the source left out (`data.drop_empty`), told to the user.
+    dropped: str | None = None
 
     @property
     def num_labels(self) -> int:
@@ -95,6 +97,7 @@ def split(raw: RawData, data_cfg: DictConfig) -> Splits:
         label_names,
         raw.origin,
         raw.modality,
+        raw.dropped,
     )
 
 

@@ -80,7 +80,7 @@ def train(
     val_data: Encoded,
     cfg: DictConfig,
     batch_loss: BatchLoss,
-    on_step: Callable[[int, int], None] = lambda done, total: None,
+    on_step: Callable[[int, int, float], None] = lambda done, total, loss: None,
     on_epoch: Callable[[EpochResult], None] = lambda result: None,
 ) -> TrainResult:
     """Train `model` with the knobs in `cfg` (the `train` node) and the modality's batch loss
@@ -115,7 +115,8 @@ def train(
             schedule.step()
             loss_sum += loss.item()
             step += 1
-            on_step(step, total_steps)
+            # The epoch's mean training loss so far.
+            on_step(step, total_steps, loss_sum / (step - (epoch - 1) * steps_per_epoch))
         model.eval()
         result.val_logits = collect_logits(model, val_data)
         epoch_result = EpochResult(

@@ -1,0 +1,141 @@
+"""The commands a new user types first, through the real command line: no experiment, a
+misspelt one, values typed beside the debug profile, model paths, `--help`, bad data lines,
+progress in a log, and how to review a finished study."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import optuna
+import pytest
+from conftest import REPO, run_cli
+
+SMOKE = ("+experiment=bert_ffn", "debug=smoke")
+
+
+def _tuner(cwd, *args: str) -> subprocess.CompletedProcess:
+    """`python -m tuner ARGS` exactly as typed, without the test stores."""
+    return subprocess.run(
+        [sys.executable, "-m", "tuner", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+@pytest.mark.parametrize("args", [(), ("debug=smoke",)], ids=["bare", "debug-only"])
+def test_no_experiment_lists_the_experiments(args, tmp_path):
+    result = _tuner(tmp_path, *args)
+    assert result.returncode == 2
+    assert "choose an experiment with +experiment=NAME" in result.stderr
+    for name in ("bert_ffn", "resnet_mixup"):
+        assert f"  {name} " in result.stderr
+    # Each with the first sentence of its file's description.
+    assert "Fine-tune MiniLM-L6 for Rotten Tomatoes polarity" in result.stderr
+    assert "python -m tuner +experiment=bert_ffn debug=smoke" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_misspelt_experiment_suggests_the_closest(tmp_path):
+    result = _tuner(tmp_path, "+experiment=bert_fnn")
+    assert result.returncode == 2
+    assert "no experiment 'bert_fnn'. Did you mean 'bert_ffn'?" in result.stderr
+    assert "  resnet_mixup " in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_help_lists_experiments_search_spaces_and_backends_of_this_machine(tmp_path):
+    from tuner.backends import BACKENDS
+
+    result = _tuner(tmp_path, "--help")
+    assert result.returncode == 0
+    out = result.stdout
+    assert "Experiments (+experiment=NAME):" in out and "  resnet_mixup " in out
+    for path in (REPO / "search_spaces").glob("*.yaml"):
+        assert f"  {path.stem} " in out
+    runs_here = out.split("Backends this machine runs (deploy.backend):")[1]
+    for name in BACKENDS.names():
+        reason = BACKENDS.get(name).unavailable_reason()
+        if reason is None:
+            assert f"  {name} " in runs_here.split("Backends this machine cannot run:")[0]
+        else:
+            assert reason in runs_here.split("Backends this machine cannot run:")[1]
+
+
+@pytest.mark.parametrize(
+    ("typed", "message"),
+    [
+        ("study.n_trials=-1", "key 'study.n_trials': -1 must be an int >= 1"),
+        ("train.epochs=0", "key 'train.epochs': 0 must be an int >= 1"),
+        ("debug.overrides.study.n_trials=0", "key 'study.n_trials': 0 must be an int >= 1"),
+    ],
+)
+def test_typed_values_beside_the_debug_profile_are_checked(typed, message, tmp_path):
+    result = run_cli(tmp_path, *SMOKE, typed)
+    assert result.returncode == 2
+    assert message in result.stderr
+    assert not (tmp_path / "optuna.db").exists()
+
+
+@pytest.mark.slow
+def test_a_typed_value_wins_over_the_debug_profile(tmp_path):
+    # The profile sets study.n_trials=2; the typed 1 is what runs.
+    result = run_cli(
+        tmp_path, *SMOKE, "study.n_trials=1", "search_space={deploy.backend:'choice(eager)'}"
+    )
+    assert result.returncode == 0, result.stderr
+    assert "Trial 1/1" in result.stdout and "Trial 2/" not in result.stdout
+    study = optuna.load_study(
+        study_name="bert_ffn-smoke", storage=f"sqlite:///{tmp_path}/optuna.db"
+    )
+    assert len(study.trials) == 1
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("/some/missing/dir", "key 'model.name_or_path': no such directory: /some/missing/dir"),
+        ("./missing-model", "key 'model.name_or_path': no such directory: ./missing-model"),
+        ("no-such-org/no-such-model", "models cannot be downloaded from the Hugging Face hub here"),
+    ],
+)
+def test_model_paths_say_what_is_wrong(value, message, tmp_path):
+    result = run_cli(tmp_path, *SMOKE, f"model.name_or_path={value}", env={"HF_HUB_OFFLINE": "1"})
+    assert result.returncode == 2
+    assert message in result.stderr
+    assert "Repo id must be" not in result.stderr and "Traceback" not in result.stderr
+
+
+def _reviews_csv(tmp_path, empty_row: int):
+    data = tmp_path / "reviews.csv"
+    rows = [
+        f'"film {i}\nsecond line",{i % 2}' if i == 1 else f"film {i},{i % 2}" for i in range(40)
+    ]
+    rows[empty_row] = f",{empty_row % 2}"
+    data.write_text("text,label\n" + "\n".join(rows) + "\n")
+    return data
+
+
+def test_an_empty_cell_is_named_by_the_line_an_editor_shows(tmp_path):
+    # Line 1 is the header and row 1's text spans two lines, so row 6 starts on line 9.
+    data = _reviews_csv(tmp_path, empty_row=6)
+    result = run_cli(tmp_path, *SMOKE, "data=csv", f"data.path={data}")
+    assert result.returncode == 2
+    assert f"Invalid data in {data}: line 9 has an empty text or label" in result.stderr
+    assert "data.drop_empty=true" in result.stderr
+
+
+def test_empty_rows_can_be_dropped_with_a_count(tmp_path):
+    from omegaconf import OmegaConf
+
+    from tuner.data.files import load_table
+
+    data = _reviews_csv(tmp_path, empty_row=6)
+    cfg = OmegaConf.load(REPO / "conf" / "data" / "csv.yaml")
+    cfg.path, cfg.drop_empty = str(data), True
+    raw = load_table(cfg)
+    assert len(raw.items) == 39 and "film 6" not in raw.items
+    assert raw.dropped == "1 row with an empty text or label (line 9)"
