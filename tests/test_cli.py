@@ -20,8 +20,8 @@ TRAINING_PARAMS = {
     "train.grad_clip_norm",
     "train.init",
     "train.mixup_alpha",
-    "model.ffn_width",
-    "model.num_layers",
+    "model.ffn_width_fraction",
+    "model.num_layers_fraction",
 }
 # What this machine deploys every trained model on: bert_ffn's list less what it cannot run.
 BACKENDS = set(runnable_backends(*SMOKE))
@@ -126,7 +126,18 @@ def test_smoke_study_end_to_end_and_resume(tmp_path):
             assert metric in run.data.metrics
         assert run.data.metrics["val_accuracy"] == pytest.approx(trial.values[0])
         assert run.data.metrics["latency_ms_p50"] == pytest.approx(trial.values[1])
-        assert run.data.params["model.ffn_width"] == str(trial.params["model.ffn_width"])
+        # Relative edits are recorded with what they stand for on MiniLM (FFN 1536, 6 layers),
+        # rounded to a multiple of 64 and half up.
+        fraction = trial.params["model.ffn_width_fraction"]
+        width = {0.333: 512, 0.5: 768, 0.667: 1024, 0.833: 1280, 1.0: 1536}[fraction]
+        assert run.data.params["model.ffn_width_fraction"] == str(fraction)
+        assert run.data.params["model.ffn_width"] == str(width)
+        layers = {0.5: 3, 0.667: 4, 0.833: 5, 1.0: 6}[trial.params["model.num_layers_fraction"]]
+        assert run.data.params["model.num_layers"] == str(layers)
+        assert trial.user_attrs["architecture"] == {
+            "model.ffn_width": width,
+            "model.num_layers": layers,
+        }
         history = client.get_metric_history(run.info.run_id, "train_loss")
         assert [m.step for m in history] == [1]  # one epoch under debug=smoke
     _assert_pareto_tags_match_the_study(tmp_path, children)

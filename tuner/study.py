@@ -34,7 +34,7 @@ from tuner.constraints import Constraints, constraints_func
 from tuner.convergence import convergence
 from tuner.data import Splits, load_splits
 from tuner.data.batches import Encoded
-from tuner.edits import EDITS
+from tuner.edits import EDITS, SAME_EDIT
 from tuner.errors import ConfigError
 from tuner.front import Point, front_note, points_of, study_points
 from tuner.latency import LatencyProtocol
@@ -70,10 +70,28 @@ def prepare(
         pinned: keys set on the command line; they are fixed, not searched.
     """
     cfg = resolve(apply_debug(raw_cfg, pinned))
-    space = load_search_space(cfg, sources, pinned)
+    space = _typed_edits_win(load_search_space(cfg, sources, pinned), pinned)
     cfg = with_params(cfg, space.fixed)
     check_config(cfg, space, sources)
     return Prepared(cfg, space)
+
+
+def _typed_edits_win(space: SearchSpace, pinned: Collection[str]) -> SearchSpace:
+    """An edit typed on the command line in one form (`model.ffn_width=1024`) fixes it: the
+    experiment's search over its other form (`model.ffn_width_fraction`) is dropped, with a
+    line saying so."""
+    dropped = set()
+    for pair in SAME_EDIT:
+        for typed, other in (pair, pair[::-1]):
+            if f"model.{typed}" in pinned and f"model.{other}" in space.distributions:
+                dropped.add(f"model.{other}")
+                console.console.print(
+                    f"model.{typed} is set on the command line, so model.{other} is not searched"
+                )
+    if not dropped:
+        return space
+    kept = {key: d for key, d in space.distributions.items() if key not in dropped}
+    return replace(space, distributions=kept)
 
 
 def deployment_backends(cfg: DictConfig, space: SearchSpace) -> list[str]:
@@ -86,6 +104,18 @@ def deployment_backends(cfg: DictConfig, space: SearchSpace) -> list[str]:
 
 def _check_edits(factory: ModelFactory, prepared: Prepared) -> None:
     """Apply each searched edit at the ends of its range to a copy, so bad widths fail now."""
+    for pair in SAME_EDIT:
+        given = [
+            f"model.{key}"
+            for key in pair
+            if f"model.{key}" in prepared.space.distributions
+            or prepared.cfg.model.get(key) is not None
+        ]
+        if len(given) > 1:
+            raise ConfigError(
+                f"Invalid config: keys {' and '.join(given)} set one edit two ways; set one "
+                "of them (and the other to null)"
+            )
     model = factory.build(prepared.cfg.model, int(prepared.cfg.train.seed))
     for name in EDITS:
         edit = EDITS.get(name)

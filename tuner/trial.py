@@ -42,7 +42,7 @@ from tuner.constraints import (
 )
 from tuner.data.batches import Encoded
 from tuner.deploy import BackendFailed, BackendResult, Reference, deploy_on
-from tuner.edits import apply_edits
+from tuner.edits import apply_edits, resolved_edits
 from tuner.front import MODEL_URI_ATTR, RUN_ID_ATTR, points_of
 from tuner.latency import LatencyProtocol
 from tuner.modalities import Modality
@@ -57,6 +57,8 @@ from tuner.tracking import Tracker
 from tuner.training import TrainResult, batch_loss, initialise_new_layers, train
 
 BACKEND_KEY = "deploy.backend"
+# Optuna user attribute: what the trial's relative edits stand for (`model.ffn_width`: 1024).
+ARCHITECTURE_ATTR = "architecture"
 
 _SUGGEST = {
     FloatDistribution: lambda trial, name, d: trial.suggest_float(
@@ -159,6 +161,8 @@ class _Trained:
 
     model: nn.Module
     params: dict[str, Any]
+    # The absolute values of its relative edits (`tuner.edits.resolved_edits`).
+    architecture: dict[str, Any]
     result: TrainResult
     reference: Reference
     # The best eager accuracy in the study once this model exists, for the accuracy constraint.
@@ -193,20 +197,23 @@ class Objective:
         cfg = with_params(ctx.cfg, params)
         own_backend = str(cfg.deploy.backend)
         console.trial_header(index, ctx.n_trials, trial.number, params)
+        # What relative edits (fractions of the loaded model) stand for, recorded beside them.
+        architecture = resolved_edits(ctx.factory.build(cfg.model, int(cfg.train.seed)), cfg.model)
         run_id = ctx.tracker.start_trial(
             ctx.parent_run_id,
             str(cfg.study.name),
             trial.number,
             own_backend,
-            self._logged_params(params, own_backend),
+            self._logged_params({**params, **architecture}, own_backend),
             trained_in_trial=trial.number,
         )
         trial.set_user_attr(RUN_ID_ATTR, run_id)
         trial.set_user_attr(BACKEND_KEY, own_backend)
+        trial.set_user_attr(ARCHITECTURE_ATTR, architecture)
         # Every backend's artifact stays here until the points that join the front are logged.
         with tempfile.TemporaryDirectory(prefix="tuner-trial-") as workdir:
             try:
-                trained = self._train(cfg, params, run_id, trial)
+                trained = self._train(cfg, params, architecture, run_id, trial)
                 results = self._deploy_everywhere(trained, own_backend, cfg, Path(workdir))
             except Exception as exc:
                 self._fail(trial, run_id, exc)
@@ -234,7 +241,12 @@ class Objective:
         }
 
     def _train(
-        self, cfg: DictConfig, params: dict[str, Any], run_id: str, trial: optuna.Trial
+        self,
+        cfg: DictConfig,
+        params: dict[str, Any],
+        architecture: dict[str, Any],
+        run_id: str,
+        trial: optuna.Trial,
     ) -> _Trained:
         ctx = self.context
         model = ctx.factory.build(cfg.model, int(cfg.train.seed))
@@ -265,7 +277,7 @@ class Objective:
         trial.set_user_attr(REFERENCE_ACCURACY_ATTR, reference.accuracy)
         # Read once per trained model: every backend's point is judged against the same best.
         best = best_reference_accuracy(ctx.study_trials()) if ctx.constraints.active else math.nan
-        return _Trained(model, params, result, reference, best)
+        return _Trained(model, params, architecture, result, reference, best)
 
     def _deploy_everywhere(
         self, trained: _Trained, own_backend: str, cfg: DictConfig, workdir: Path
@@ -395,7 +407,7 @@ class Objective:
             str(ctx.cfg.study.name),
             None,
             result.backend,
-            self._logged_params(params, result.backend),
+            self._logged_params({**params, **trained.architecture}, result.backend),
             trained_in_trial=trial.number,
         )
         ctx.tracker.replay_epochs(run_id, trained.result.epochs)
@@ -404,6 +416,7 @@ class Objective:
             BACKEND_KEY: result.backend,
             TRAINED_IN_ATTR: trial.number,
             REFERENCE_ACCURACY_ATTR: trained.reference.accuracy,
+            ARCHITECTURE_ATTR: trained.architecture,
         }
         self._record(user_attrs.__setitem__, run_id, trial.number, trained, result, log_model)
         distributions = {name: d for name, d in ctx.space.distributions.items() if name in params}

@@ -14,13 +14,23 @@ from tuner.registry import Registry
 
 @dataclass(frozen=True)
 class Edit:
-    """An edit of `model`, applied when `model.<config_key>` is not null."""
+    """An edit of `model`, applied when `model.<config_key>` is not null.
+
+    Attributes:
+        resolves: for an edit relative to the loaded model, the absolute key it stands for and
+            how its value is worked out from the unedited model (`ffn_width_fraction` ->
+            `ffn_width`), recorded with every point so the architecture is plain to read.
+    """
 
     config_key: str
     apply: Callable[[nn.Module, Any], None]
+    resolves: tuple[str, Callable[[nn.Module, Any], Any]] | None = None
 
 
 EDITS: Registry[Edit] = Registry("model")
+
+# Keys that set one edit two ways (absolute, or relative to the loaded model): one at a time.
+SAME_EDIT = (("ffn_width", "ffn_width_fraction"), ("num_layers", "num_layers_fraction"))
 
 
 def apply_edits(model: nn.Module, model_cfg: DictConfig) -> list[str]:
@@ -33,3 +43,16 @@ def apply_edits(model: nn.Module, model_cfg: DictConfig) -> list[str]:
             edit.apply(model, value)
             applied.append(f"model.{edit.config_key}")
     return applied
+
+
+def resolved_edits(model: nn.Module, model_cfg: DictConfig) -> dict[str, Any]:
+    """`model.<key>` -> value of every relative edit set in `model_cfg`, worked out on the
+    unedited `model` (e.g. `model.ffn_width_fraction=0.667` on MiniLM: `model.ffn_width` 1024)."""
+    resolved = {}
+    for name in EDITS:
+        edit = EDITS.get(name)
+        value = model_cfg.get(edit.config_key)
+        if value is not None and edit.resolves is not None:
+            key, resolve = edit.resolves
+            resolved[f"model.{key}"] = resolve(model, value)
+    return resolved

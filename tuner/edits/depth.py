@@ -3,9 +3,13 @@
 Dropping the top layers of a pretrained encoder and fine-tuning the rest keeps most of its
 accuracy on sentence classification (Sajjad et al., "On the effect of dropping layers of
 pre-trained transformer models", 2023), and latency falls with the layer count.
+`model.num_layers_fraction` keeps a fraction of the model's own layers, so one search space
+serves encoders of any depth.
 """
 
 from __future__ import annotations
+
+import math
 
 from torch import nn
 
@@ -45,3 +49,30 @@ def keep_bottom_layers(model: nn.Module, num_layers: int) -> None:
 
 
 EDITS.register("num_layers")(Edit(config_key="num_layers", apply=keep_bottom_layers))
+
+
+def num_layers_of(model: nn.Module, fraction: float) -> int:
+    """The layer count `fraction` of the model's own stands for, rounded half up, at least 1
+    (6 x 2/3 -> 4, 12 x 0.5 -> 6, 2 x 0.667 -> 1)."""
+    _, _, stack = find_layer_stack(model)
+    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)):
+        fraction = -1.0
+    if not 0 < fraction <= 1:
+        raise ConfigError(
+            f"Invalid config: key 'model.num_layers_fraction': {fraction!r} must be a number in "
+            "(0, 1]: the fraction of the model's own layers to keep"
+        )
+    return max(1, math.floor(fraction * len(stack) + 0.5))
+
+
+def keep_bottom_fraction(model: nn.Module, fraction: float) -> None:
+    keep_bottom_layers(model, num_layers_of(model, fraction))
+
+
+EDITS.register("num_layers_fraction")(
+    Edit(
+        config_key="num_layers_fraction",
+        apply=keep_bottom_fraction,
+        resolves=("num_layers", num_layers_of),
+    )
+)
