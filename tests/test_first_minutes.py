@@ -217,3 +217,23 @@ def test_an_absolute_edit_typed_on_the_command_line_fixes_it(tmp_path):
     (trial,) = optuna.load_study(study_name="bert_ffn-smoke", storage=storage).trials
     assert "model.ffn_width_fraction" not in trial.params
     assert "model.num_layers_fraction" in trial.params
+
+
+@pytest.mark.slow
+def test_a_study_drops_empty_rows_when_asked_and_says_so(tmp_path):
+    data = _reviews_csv(tmp_path, empty_row=6)
+    result = run_cli(
+        tmp_path,
+        *SMOKE,
+        "data=csv",
+        f"data.path={data}",
+        "data.drop_empty=true",
+        "study.n_trials=1",
+        "search_space={deploy.backend:'choice(eager)'}",
+    )
+    assert result.returncode == 0, result.stderr
+    assert "Dropped 1 row with an empty text or label (line 9) (data.drop_empty=true)" in (
+        result.stdout
+    )
+    # 39 rows left: 10% validation (4), 10% test (4), the rest training.
+    assert "Data: 31 train / 4 validation examples" in result.stdout
