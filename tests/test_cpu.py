@@ -117,4 +117,26 @@ def test_resume_on_a_machine_without_a_backend_says_which_and_why():
     assert message.endswith("; defined in exp.yaml")
     # The same choices resume; keys the study has not sampled yet are free.
     check_same_space(study, SearchSpace({"deploy.backend": earlier}), {}, {})
-    check_same_space(study, SearchSpace({"train.init": CategoricalDistribution(["auto"])}), {}, {})
+    more = {"deploy.backend": earlier, "train.init": CategoricalDistribution(["auto"])}
+    check_same_space(study, SearchSpace(more), {}, {})
+
+
+def test_resume_that_drops_a_searched_key_is_refused():
+    from optuna.distributions import IntDistribution
+
+    study = optuna.create_study(directions=["maximize", "minimize"], study_name="s")
+    width = IntDistribution(512, 1536, step=256)
+    study.add_trial(
+        optuna.trial.create_trial(
+            values=[0.5, 1.0],
+            params={"model.ffn_width": 1024},
+            distributions={"model.ffn_width": width},
+        )
+    )
+    fraction = SearchSpace({"model.ffn_width_fraction": CategoricalDistribution([0.5, 1.0])})
+    with pytest.raises(
+        ConfigError, match="key 'model.ffn_width': study 's' searched model.ffn_width"
+    ):
+        check_same_space(study, fraction, {}, {})
+    # Fixed on the command line, the key is accounted for.
+    check_same_space(study, SearchSpace(fixed={"model.ffn_width": 1024}), {}, {})

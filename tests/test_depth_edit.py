@@ -82,3 +82,26 @@ def test_fractions_outside_0_1_are_refused_naming_the_key(tiny_bert, value):
     for key in ("ffn_width_fraction", "num_layers_fraction"):
         with pytest.raises(ConfigError, match=f"key 'model.{key}'.*must be a number in \\(0, 1\\]"):
             apply_edits(tiny_bert, OmegaConf.create({key: value}))
+
+
+def test_the_whole_fraction_keeps_an_ffn_width_that_is_no_multiple_of_64():
+    from dataclasses import replace
+
+    from conftest import TINY_BERT
+
+    model_cfg = {**TINY_BERT.model}
+    model_cfg["config_overrides"] = {**model_cfg["config_overrides"], "intermediate_size": 1100}
+    model = replace(TINY_BERT, model=model_cfg).build()
+    # 1100 x 1.0 stays 1100 (1088 is the nearest multiple of 64, but 1100 itself is nearer);
+    # 1100 x 0.5 = 550 -> 576, the nearest multiple of 64, halves up.
+    for fraction, width in ((1.0, 1100), (0.99, 1100), (0.5, 576)):
+        resolved = resolved_edits(model, OmegaConf.create({"ffn_width_fraction": fraction}))
+        assert resolved == {"model.ffn_width": width}
+
+
+def test_fraction_edits_name_their_own_key_on_a_model_without_the_structure():
+    flat = torch.nn.Sequential(torch.nn.Linear(4, 4))
+    with pytest.raises(ConfigError, match="key 'model.ffn_width_fraction': the model has no"):
+        apply_edits(flat, OmegaConf.create({"ffn_width_fraction": 0.5}))
+    with pytest.raises(ConfigError, match="key 'model.num_layers_fraction': the model has no"):
+        apply_edits(flat, OmegaConf.create({"num_layers_fraction": 0.5}))

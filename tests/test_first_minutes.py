@@ -47,6 +47,19 @@ def test_a_misspelt_experiment_suggests_the_closest(tmp_path):
     assert "Traceback" not in result.stderr
 
 
+def test_every_experiment_of_a_sweep_and_of_a_user_config_dir_is_checked(tmp_path):
+    swept = _tuner(tmp_path, "-m", "+experiment=bert_ffn,resnet_mixx")
+    assert swept.returncode == 2
+    assert "no experiment 'resnet_mixx'. Did you mean 'resnet_mixup'?" in swept.stderr
+    mine = tmp_path / "conf" / "experiment" / "team"
+    mine.mkdir(parents=True)
+    (mine / "mine.yaml").write_text("# @package _global_\n# My own study. More words.\n")
+    result = _tuner(tmp_path, "--config-dir", str(tmp_path / "conf"), "+experiment=team/nope")
+    assert result.returncode == 2
+    assert "no experiment 'team/nope'. Did you mean 'team/mine'?" in result.stderr
+    assert "  team/mine     My own study." in result.stderr
+
+
 def test_help_lists_experiments_search_spaces_and_backends_of_this_machine(tmp_path):
     from tuner.backends import BACKENDS
 

@@ -47,7 +47,20 @@ def main(cfg: DictConfig) -> None:
 
 _EXPERIMENT = re.compile(r"^\+{0,2}experiment=(.*)$")
 # Hydra's own flags that run no study, so need no experiment.
-_NO_STUDY_FLAGS = ("--help", "-h", "--hydra-help", "--info", "-i", "--version", "--cfg", "-c")
+_NO_STUDY_FLAGS = (
+    "--help",
+    "-h",
+    "--hydra-help",
+    "--info",
+    "-i",
+    "--version",
+    "--cfg",
+    "-c",
+    "--shell-completion",
+    "-sc",
+)
+# Ways to put configs where this check does not look; Hydra then decides alone.
+_OTHER_CONFIG_SOURCES = ("--config-path", "-cp", "hydra.searchpath")
 
 
 def _config_dirs(argv: Sequence[str]) -> list[Path]:
@@ -56,22 +69,30 @@ def _config_dirs(argv: Sequence[str]) -> list[Path]:
     for index, arg in enumerate(argv):
         if arg in ("--config-dir", "-cd") and index + 1 < len(argv):
             dirs.append(Path(argv[index + 1]))
-        elif arg.startswith("--config-dir="):
+        elif arg.startswith(("--config-dir=", "-cd=")):
             dirs.append(Path(arg.split("=", 1)[1]))
     return dirs
 
 
 def check_experiment(argv: Sequence[str]) -> str | None:
     """The message for a command line that names no experiment, or one that does not exist;
-    None when the experiment is there (or the command runs no study)."""
+    None when the experiment is there, or when Hydra alone can tell (a command that runs no
+    study, configs from elsewhere, a sweep expression such as `choice(...)` or `glob(...)`)."""
     if any(arg.split("=", 1)[0] in _NO_STUDY_FLAGS for arg in argv):
         return None
     named = [m.group(1) for m in map(_EXPERIMENT.match, argv) if m]
     dirs = _config_dirs(argv)
     if not named:
         return choose_an_experiment(dirs)
-    if named[-1] not in experiments(dirs):
-        return choose_an_experiment(dirs, unknown=named[-1])
+    if any(arg.split("=", 1)[0].lstrip("+") in _OTHER_CONFIG_SOURCES for arg in argv):
+        return None
+    if "(" in named[-1]:
+        return None
+    known = experiments(dirs)
+    # A multirun sweeps `+experiment=a,b`: each must exist.
+    for name in named[-1].split(","):
+        if name not in known:
+            return choose_an_experiment(dirs, unknown=name)
     return None
 
 

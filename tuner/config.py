@@ -58,17 +58,28 @@ def apply_debug(cfg: DictConfig, typed: Collection[str] = ()) -> DictConfig:
     # The tiny model of the experiment's own family first, so `debug.overrides.model.*` wins.
     merged.merge_with({"model": _family_overrides(cfg)})
     merged.merge_with(debug.get("overrides") or {})
+    raw = OmegaConf.to_container(cfg, resolve=False)
     for key in typed:
-        value = OmegaConf.select(cfg, key, default=_ABSENT)
-        # Only plain values: a config group chosen on the command line (`data=csv`) is a node
-        # the profile shrinks, not a value it would replace.
-        plain = value is not _ABSENT and not OmegaConf.is_config(value)
-        if plain and not key.startswith(("debug.", "hydra.")):
+        # A config group chosen on the command line (`data=csv`) is a node the profile
+        # shrinks, not a value it would replace.
+        if key.startswith(("debug.", "hydra.")) or (CONF_DIR / key.replace(".", "/")).is_dir():
+            continue
+        value = _dotted(raw, key)
+        if value is not _ABSENT:
+            # Unresolved, so that an interpolation (`${study.name}-v2`) sees the profile's values.
             OmegaConf.update(merged, key, value, merge=False)
     suffix = debug.get("study_suffix") or ""
     if suffix and not str(merged.study.name).endswith(suffix):
         merged.study.name = f"{merged.study.name}{suffix}"
     return merged
+
+
+def _dotted(container: Any, key: str) -> Any:
+    for part in key.split("."):
+        if not isinstance(container, dict) or part not in container:
+            return _ABSENT
+        container = container[part]
+    return container
 
 
 def _family_overrides(cfg: DictConfig) -> dict[str, Any]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import re
 import sys
 import time
 import traceback
@@ -148,6 +149,8 @@ class LogProgress:
         return 0
 
     def update(self, task: int, completed: int, total: int, loss: float | None = None) -> None:
+        if not total:
+            return
         now = time.monotonic()
         due = completed >= self.next_step or now - self.last >= self.every_seconds
         if not (due or completed == total):
@@ -233,6 +236,8 @@ def review_hint(tracking_uri: str, experiment_id: str, parent_run_id: str | None
     """How to look at the study in the MLflow UI: the command, and the addresses of the
     experiment's runs and of the run holding the front (the UI opens an experiment on its
     GenAI overview otherwise)."""
+    # Logs are read by others: a password in the URI is not printed.
+    tracking_uri = re.sub(r"(//[^:/@]+):[^@/]*@", r"\1:***@", tracking_uri)
     served = tracking_uri.startswith(("http://", "https://"))
     base = tracking_uri.rstrip("/") if served else "http://127.0.0.1:5000"
     runs = f"{base}/#/experiments/{experiment_id}/runs"

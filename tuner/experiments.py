@@ -36,8 +36,10 @@ def experiments(config_dirs: Sequence[Path] = ()) -> dict[str, str]:
     """Experiment name -> description; a user `--config-dir` may add or shadow experiments."""
     found: dict[str, str] = {}
     for root in [CONF_DIR, *config_dirs]:
-        for path in sorted((root / "experiment").glob("*.yaml")):
-            found[path.stem] = description(path)
+        folder = root / "experiment"
+        # Nested files are named by their path: `+experiment=team/mine`.
+        for path in sorted(folder.rglob("*.yaml")):
+            found[path.relative_to(folder).with_suffix("").as_posix()] = description(path)
     return dict(sorted(found.items()))
 
 

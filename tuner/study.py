@@ -385,6 +385,15 @@ def check_same_space(
     for trial in study.get_trials(deepcopy=False):
         for name, distribution in trial.distributions.items():
             recorded.setdefault(name, distribution)
+    # A key the study searched that this run neither searches nor fixes (a renamed key, or a
+    # search-space file left out) would mix two kinds of trials in one front.
+    missing = sorted(set(recorded) - set(space.distributions) - set(space.fixed))
+    if missing:
+        raise ConfigError(
+            f"Invalid config: key '{missing[0]}': study '{study.study_name}' searched "
+            f"{', '.join(missing)}, which this run neither searches nor fixes; keep the "
+            "study's search space, fix the key on the command line, or start another study.name"
+        )
     for name, distribution in space.distributions.items():
         if name not in recorded:
             continue

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import csv
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pandas as pd
@@ -20,19 +20,23 @@ _READERS = {
 }
 
 
-def _record_lines(path: Path) -> list[int]:
+def _record_lines(path: Path) -> list[int] | None:
     """The line (1-based, as an editor shows it) where each data record of the file starts; a
-    quoted CSV cell may span lines, and blank lines hold no record."""
-    with path.open(newline="") as file:
-        if path.suffix.lower() in (".jsonl", ".json"):
-            return [number for number, line in enumerate(file, start=1) if line.strip()]
-        reader = csv.reader(file, delimiter="\t" if path.suffix.lower() == ".tsv" else ",")
-        starts, previous = [], 0
-        for record in reader:
-            if record:
-                starts.append(previous + 1)
-            previous = reader.line_num
-        return starts[1:]  # after the header
+    quoted CSV cell may span lines, and blank lines hold no record. None where the file cannot
+    be read line by line as pandas read it."""
+    try:
+        with path.open(newline="", encoding="utf-8") as file:
+            if path.suffix.lower() in (".jsonl", ".json"):
+                return [number for number, line in enumerate(file, start=1) if line.strip()]
+            reader = csv.reader(file, delimiter="\t" if path.suffix.lower() == ".tsv" else ",")
+            starts, previous = [], 0
+            for record in reader:
+                if record:
+                    starts.append(previous + 1)
+                previous = reader.line_num
+            return starts[1:]  # after the header
+    except (csv.Error, UnicodeError):
+        return None
 
 
 @DATA_SOURCES.register("csv")
@@ -50,21 +54,25 @@ def load_table(data_cfg: DictConfig) -> RawData:
         frame = reader(path)
     except ValueError as exc:
         raise ConfigError(f"Invalid data in {path}: cannot read it: {exc}") from None
-    lines = _record_lines(path)
-    return table_texts(frame, data_cfg, str(path), lines if len(lines) == len(frame) else None)
+
+    def lines() -> Sequence[int] | None:
+        found = _record_lines(path)
+        return found if found is not None and len(found) == len(frame) else None
+
+    return table_texts(frame, data_cfg, str(path), lines)
 
 
 def table_texts(
     frame: pd.DataFrame,
     data_cfg: DictConfig,
     origin: str,
-    lines: Sequence[int] | None = None,
+    lines_of: Callable[[], Sequence[int] | None] = lambda: None,
 ) -> RawData:
     """Pick the configured columns of a table, naming the column and file when one is wrong.
 
     Args:
-        lines: the file line each row starts on, to name a bad row as an editor shows it;
-            without them rows are named by their 0-based position.
+        lines_of: the file line each row starts on, to name a bad row as an editor shows it
+            (read only when a row is bad); without them rows are named by their position.
     """
     for key in ("text_column", "label_column"):
         column = data_cfg[key]
@@ -75,6 +83,7 @@ def table_texts(
             )
     frame = frame[[data_cfg.text_column, data_cfg.label_column]].reset_index(drop=True)
     empty = [int(i) for i in frame.index[frame.isna().any(axis=1)]]
+    lines = lines_of() if empty else None
 
     def where(row: int) -> str:
         return f"line {lines[row]}" if lines is not None else f"row {row} (counting from 0)"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -9,6 +10,7 @@ from typing import Any
 from omegaconf import DictConfig
 from torch import nn
 
+from tuner.errors import ConfigError
 from tuner.registry import Registry
 
 
@@ -56,3 +58,18 @@ def resolved_edits(model: nn.Module, model_cfg: DictConfig) -> dict[str, Any]:
             key, resolve = edit.resolves
             resolved[f"model.{key}"] = resolve(model, value)
     return resolved
+
+
+def checked_fraction(key: str, value: Any, of_what: str) -> float:
+    """`value` of `model.<key>` as a fraction in (0, 1], or a ConfigError naming the key."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+        raise ConfigError(
+            f"Invalid config: key 'model.{key}': {value!r} must be a number in (0, 1]: the "
+            f"fraction of the model's own {of_what} to keep"
+        )
+    return float(value)
+
+
+def half_up(value: float) -> int:
+    """Rounded to the nearest int, halves up (Python's round takes halves to even)."""
+    return math.floor(value + 0.5)

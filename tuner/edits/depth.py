@@ -9,23 +9,24 @@ serves encoders of any depth.
 
 from __future__ import annotations
 
-import math
-
 from torch import nn
 
-from tuner.edits.base import EDITS, Edit
+from tuner.edits.base import EDITS, Edit, checked_fraction, half_up
 from tuner.errors import ConfigError
 
 
-def find_layer_stack(model: nn.Module) -> tuple[nn.Module, str, nn.ModuleList]:
-    """The module list of transformer blocks: `layer` or `layers`, as HF encoders name it."""
+def find_layer_stack(
+    model: nn.Module, key: str = "num_layers"
+) -> tuple[nn.Module, str, nn.ModuleList]:
+    """The module list of transformer blocks: `layer` or `layers`, as HF encoders name it;
+    errors name `model.<key>`, the edit that needs it."""
     for module in model.modules():
         for name in ("layer", "layers"):
             stack = getattr(module, name, None)
             if isinstance(stack, nn.ModuleList) and len(stack) > 0:
                 return module, name, stack
     raise ConfigError(
-        "Invalid config: key 'model.num_layers': the model has no stack of transformer layers "
+        f"Invalid config: key 'model.{key}': the model has no stack of transformer layers "
         "(a ModuleList named `layer` or `layers`)"
     )
 
@@ -54,15 +55,9 @@ EDITS.register("num_layers")(Edit(config_key="num_layers", apply=keep_bottom_lay
 def num_layers_of(model: nn.Module, fraction: float) -> int:
     """The layer count `fraction` of the model's own stands for, rounded half up, at least 1
     (6 x 2/3 -> 4, 12 x 0.5 -> 6, 2 x 0.667 -> 1)."""
-    _, _, stack = find_layer_stack(model)
-    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)):
-        fraction = -1.0
-    if not 0 < fraction <= 1:
-        raise ConfigError(
-            f"Invalid config: key 'model.num_layers_fraction': {fraction!r} must be a number in "
-            "(0, 1]: the fraction of the model's own layers to keep"
-        )
-    return max(1, math.floor(fraction * len(stack) + 0.5))
+    key = "num_layers_fraction"
+    _, _, stack = find_layer_stack(model, key)
+    return max(1, half_up(checked_fraction(key, fraction, "layers") * len(stack)))
 
 
 def keep_bottom_fraction(model: nn.Module, fraction: float) -> None:

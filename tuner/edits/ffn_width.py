@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from tuner.edits.base import EDITS, Edit
+from tuner.edits.base import EDITS, Edit, checked_fraction, half_up
 from tuner.errors import ConfigError
 
 
@@ -73,14 +73,19 @@ def _sliced(linear: nn.Linear, keep: torch.Tensor, dim: int) -> nn.Linear:
     return new
 
 
-def shrink_ffn(model: nn.Module, width: int) -> None:
-    """Set every FFN of `model` to `width` hidden neurons, in place."""
+def _feed_forwards_for(model: nn.Module, key: str) -> list[FeedForward]:
     blocks = find_feed_forwards(model)
     if not blocks:
         raise ConfigError(
-            "Invalid config: key 'model.ffn_width': the model has no BERT-style FFN blocks "
+            f"Invalid config: key 'model.{key}': the model has no BERT-style FFN blocks "
             "(layer.intermediate.dense -> layer.output.dense)"
         )
+    return blocks
+
+
+def shrink_ffn(model: nn.Module, width: int) -> None:
+    """Set every FFN of `model` to `width` hidden neurons, in place."""
+    blocks = _feed_forwards_for(model, "ffn_width")
     widest = max(block.width for block in blocks)
     if not isinstance(width, int) or isinstance(width, bool) or not 1 <= width <= widest:
         raise ConfigError(
@@ -105,21 +110,17 @@ _WIDTH_STEP = 64
 
 
 def ffn_width_of(model: nn.Module, fraction: float) -> int:
-    """The FFN width `fraction` of the model's own stands for: rounded to a multiple of 64
-    (1536 x 1/3 -> 512, 3072 x 2/3 -> 2048), at least one step, at most the full width."""
-    blocks = find_feed_forwards(model)
-    if not blocks:
-        shrink_ffn(model, 0)  # names the key and what is missing
+    """The FFN width `fraction` of the model's own stands for: the nearest multiple of 64
+    (1536 x 1/3 -> 512, 3072 x 2/3 -> 2048), at least one step; the full width itself when
+    that is nearer."""
+    key = "ffn_width_fraction"
+    blocks = _feed_forwards_for(model, key)
     widest = max(block.width for block in blocks)
-    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)):
-        fraction = -1.0
-    if not 0 < fraction <= 1:
-        raise ConfigError(
-            f"Invalid config: key 'model.ffn_width_fraction': {fraction!r} must be a number in "
-            "(0, 1]: the fraction of the model's own FFN width to keep"
-        )
+    wanted = checked_fraction(key, fraction, "FFN width") * widest
     step = _WIDTH_STEP if widest >= 2 * _WIDTH_STEP else 1
-    return min(widest, max(step, step * round(fraction * widest / step)))
+    if widest - wanted < step / 2:
+        return widest
+    return min(widest, max(step, step * half_up(wanted / step)))
 
 
 def shrink_ffn_to_fraction(model: nn.Module, fraction: float) -> None:

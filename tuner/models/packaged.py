@@ -3,6 +3,7 @@ name), a local directory, or a Hugging Face hub id, checked before anything load
 
 from __future__ import annotations
 
+import os
 import socket
 from collections.abc import Callable
 from pathlib import Path
@@ -41,6 +42,8 @@ def _hub_reachable(seconds: float = 3.0) -> bool:
 
     if constants.HF_HUB_OFFLINE:
         return False
+    if any(os.environ.get(name) for name in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY")):
+        return True  # a direct connection says nothing; transformers goes through the proxy
     endpoint = urlsplit(constants.ENDPOINT)
     port = endpoint.port or (443 if endpoint.scheme == "https" else 80)
     try:
