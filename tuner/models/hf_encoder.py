@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from omegaconf import DictConfig
 from torch import nn
-from transformers import AutoConfig, AutoModel, PreTrainedModel
 
 from tuner.errors import ConfigError
 from tuner.models.base import MODEL_FAMILIES, ModelFamily, NewLayer
 from tuner.models.packaged import resolve_name_or_path
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 _ACTIVATIONS: dict[str, type[nn.Module]] = {
     "gelu": nn.GELU,
@@ -96,6 +100,9 @@ def _check(model_cfg: DictConfig) -> None:
 
 
 def build_hf_encoder(model_cfg: DictConfig, num_labels: int) -> nn.Module:
+    # transformers' model classes take seconds to import: only where an encoder is built.
+    from transformers import AutoConfig, AutoModel
+
     _check(model_cfg)
     source = resolve_name_or_path(str(model_cfg.name_or_path))
     overrides = dict(model_cfg.get("config_overrides") or {})
