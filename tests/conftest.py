@@ -21,17 +21,24 @@ from tuner.recipe import ModelRecipe
 REPO = Path(__file__).resolve().parent.parent
 
 
-def runnable_backends(*overrides: str) -> list[str]:
-    """The backends a composed experiment lists that this machine runs, by the registry's own
-    availability checks: what a study on this machine deploys every trained model on."""
-    from tuner.backends import BACKENDS
+def listed_backends(*overrides: str) -> list[str]:
+    """The backends a composed experiment lists under `deploy.backend`."""
     from tuner.config import compose_config
     from tuner.space import parse_expression
 
     cfg = compose_config(list(overrides))
     listed = parse_expression("deploy.backend", cfg.search_space["deploy.backend"])
-    names = listed.choices if hasattr(listed, "choices") else [listed]
-    return [name for name in names if BACKENDS.get(name).unavailable_reason() is None]
+    return list(listed.choices) if hasattr(listed, "choices") else [listed]
+
+
+def runnable_backends(*overrides: str) -> list[str]:
+    """The backends a composed experiment lists that this machine runs, by the registry's own
+    availability checks: what a study on this machine deploys every trained model on."""
+    from tuner.backends import unavailable_backends
+
+    listed = listed_backends(*overrides)
+    left_out = unavailable_backends(listed)
+    return [name for name in listed if name not in left_out]
 
 
 TINY_BERT = ModelRecipe(

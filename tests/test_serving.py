@@ -12,7 +12,7 @@ from conftest import PROTOCOL, REPO
 from omegaconf import OmegaConf
 from test_backends import DEPLOY
 
-from tuner.backends import BACKENDS
+from tuner.backends import BACKENDS, unavailable_backends
 from tuner.deploy import convert
 from tuner.modalities.image import ImageModality
 from tuner.modalities.text import TextModality
@@ -29,15 +29,19 @@ TEXTS = [
 
 
 def _available(modality: str) -> list:
-    cases = []
-    for name in BACKENDS.names():
-        backend = BACKENDS.get(name)
-        if modality not in backend.modalities:
-            continue
-        reason = backend.unavailable_reason()
-        marks = [pytest.mark.skip(reason=f"{name} is unavailable here: {reason}")] if reason else []
-        cases.append(pytest.param(name, marks=marks, id=name))
-    return cases
+    """A case per backend of `modality`; those this machine cannot run skip with the reason."""
+    names = [name for name in BACKENDS.names() if modality in BACKENDS.get(name).modalities]
+    left_out = unavailable_backends(names)
+    return [
+        pytest.param(
+            name,
+            marks=[pytest.mark.skip(reason=f"{name} is unavailable here: {left_out[name]}")]
+            if name in left_out
+            else [],
+            id=name,
+        )
+        for name in names
+    ]
 
 
 @pytest.fixture(scope="module")

@@ -67,17 +67,14 @@ def choose_an_experiment(config_dirs: Sequence[Path] = (), unknown: str | None =
 def help_text(config_dirs: Sequence[Path] = ()) -> str:
     """What `python -m tuner --help` adds to Hydra's help: experiments, search-space files and
     the backends this machine runs (and why the others are left out)."""
-    from tuner.backends import BACKENDS
+    from tuner.backends import BACKENDS, unavailable_backends
 
-    runnable, left_out = {}, {}
-    for name in BACKENDS.names():
-        backend = BACKENDS.get(name)
-        reason = backend.unavailable_reason()
-        models = " and ".join(sorted(backend.modalities))
-        if reason:
-            left_out[name] = reason
-        else:
-            runnable[name] = f"deploys {models} models"
+    left_out = unavailable_backends(BACKENDS.names())
+    runnable = {
+        name: f"deploys {' and '.join(sorted(BACKENDS.get(name).modalities))} models"
+        for name in BACKENDS.names()
+        if name not in left_out
+    }
     lines = ["Experiments (+experiment=NAME):", *_listing(experiments(config_dirs))]
     lines += ["", "Search-space files (search_spaces/, composed by experiments):"]
     lines += _listing(search_space_files())

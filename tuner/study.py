@@ -21,7 +21,7 @@ from optuna.storages._heartbeat import is_heartbeat_enabled
 from optuna.trial import TrialState
 
 from tuner import budget, console
-from tuner.backends import BACKENDS
+from tuner.backends import BACKENDS, unavailable_backends
 from tuner.checks import candidate_values, check_config, defined_in
 from tuner.config import (
     apply_debug,
@@ -235,6 +235,7 @@ def run_study(
         console.budget_reached(study.study_name, n_trials)
         points = study_points(study, constraints)
         console.front_summary(study.study_name, points, _failed(study))
+        console.review_hint(str(cfg.tracking.uri), tracker.experiment_id, None)
         return points
     protocol_record = {**protocol.record(prefix="latency."), "latency.input_shape": example.shape()}
     parent_id = tracker.start_parent(
@@ -344,12 +345,9 @@ def runnable_backends(
 ) -> tuple[list[str], dict[str, str]]:
     """The listed backends this machine can run, and why each other one cannot (one console
     line each). None runnable stops the study before anything is created."""
-    left_out = {}
-    for name in backends:
-        reason = BACKENDS.get(name).unavailable_reason()
-        if reason:
-            left_out[name] = reason
-            console.backend_left_out(name, reason)
+    left_out = unavailable_backends(backends)
+    for name, reason in left_out.items():
+        console.backend_left_out(name, reason)
     runnable = [name for name in backends if name not in left_out]
     if not runnable:
         raise ConfigError(

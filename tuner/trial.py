@@ -89,6 +89,14 @@ class ModelFactory:
         self._model: nn.Module | None = None
 
     def build(self, model_cfg: DictConfig, seed: int) -> nn.Module:
+        return copy.deepcopy(self._base(model_cfg, seed))
+
+    def architecture(self, model_cfg: DictConfig, seed: int) -> dict[str, Any]:
+        """What the relative edits of `model_cfg` stand for on the unedited model; read off
+        the cached model, which it does not change, so nothing is copied."""
+        return resolved_edits(self._base(model_cfg, seed), model_cfg)
+
+    def _base(self, model_cfg: DictConfig, seed: int) -> nn.Module:
         values = OmegaConf.to_container(model_cfg)
         assert isinstance(values, dict)
         key = json.dumps(
@@ -103,7 +111,7 @@ class ModelFactory:
                 torch.manual_seed(seed)
                 self._model = build_model(model_cfg, self.num_labels)
             self._key = key
-        return copy.deepcopy(self._model)
+        return self._model
 
 
 @dataclass(frozen=True)
@@ -198,7 +206,7 @@ class Objective:
         own_backend = str(cfg.deploy.backend)
         console.trial_header(index, ctx.n_trials, trial.number, params)
         # What relative edits (fractions of the loaded model) stand for, recorded beside them.
-        architecture = resolved_edits(ctx.factory.build(cfg.model, int(cfg.train.seed)), cfg.model)
+        architecture = ctx.factory.architecture(cfg.model, int(cfg.train.seed))
         run_id = ctx.tracker.start_trial(
             ctx.parent_run_id,
             str(cfg.study.name),

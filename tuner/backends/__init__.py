@@ -9,9 +9,23 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from tuner.backends.base import BACKENDS, Backend, ConversionContext, ExampleInputs, Logits
+from tuner.backends.base import (
+    BACKENDS,
+    Backend,
+    ConversionContext,
+    ExampleInputs,
+    Logits,
+    unavailable_backends,
+)
 
 for _module in pkgutil.iter_modules(__path__):
     importlib.import_module(f"{__name__}.{_module.name}")
 
-__all__ = ["BACKENDS", "Backend", "ConversionContext", "ExampleInputs", "Logits"]
+__all__ = [
+    "BACKENDS",
+    "Backend",
+    "ConversionContext",
+    "ExampleInputs",
+    "Logits",
+    "unavailable_backends",
+]

@@ -76,6 +76,12 @@ class Backend:
 BACKENDS: Registry[Backend] = Registry("deploy.backend")
 
 
+def unavailable_backends(names: Sequence[str]) -> dict[str, str]:
+    """Of the backends `names`, those this machine cannot run, each with its reason."""
+    reasons = {name: BACKENDS.get(name).unavailable_reason() for name in names}
+    return {name: reason for name, reason in reasons.items() if reason}
+
+
 def calibration_batches(ctx: ConversionContext) -> Sequence[tuple[torch.Tensor, ...]]:
     """The calibration batches, or a clear failure for a backend that needs them."""
     if not ctx.calibration:

@@ -3,9 +3,9 @@ with ranges calibrated (min/max) on batches of training inputs, in QDQ format; 7
 CPUs without VNNI (`deploy.onnx.int8`). The node computing the logits stays in fp32: quantised,
 its output would be clipped to the range seen in calibration, and an example with larger logits
 than any calibration batch would lose them (this halved the largest logit error on a digits
-CNN, at no measurable cost in speed). For CNNs this is
-the int8 route that pays: ONNX Runtime's dynamic ConvInteger kernels are several times slower
-than fp32 convolutions on CPU (docs/benchmarks.md)."""
+CNN, docs/benchmarks.md). For CNNs this is the int8 route that pays: ONNX Runtime's dynamic
+ConvInteger kernels are several times slower than fp32 convolutions on CPU (docs/benchmarks.md).
+"""
 
 from __future__ import annotations
 
