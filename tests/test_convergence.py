@@ -49,10 +49,38 @@ def test_infeasible_points_add_no_hypervolume():
         study, OmegaConf.create({"val_accuracy": 0.0, "latency_ms_p50": 30.0}), points
     )
     assert progress.hypervolume == pytest.approx((30.0 - 10.0) * 0.80)
-    assert progress.metrics() == {"hypervolume": progress.hypervolume, "pareto_points": 1.0}
+    metrics = progress.metrics()
+    assert metrics["hypervolume"] == progress.hypervolume and metrics["pareto_points"] == 1.0
+    assert metrics["search_seconds"] >= 0.0
 
 
 def test_no_points_no_reference():
     study = _study([])
     assert convergence(study, FIXED_LATENCY, []) is None
     assert REFERENCE_ATTR not in study.user_attrs
+
+
+def test_hypervolume_falls_when_a_better_model_makes_points_infeasible():
+    reference = OmegaConf.create({"val_accuracy": 0.0, "latency_ms_p50": 30.0})
+    constraints = Constraints(max_accuracy_drop=0.03)
+    study = _study([(0.80, 10.0, 0.80), (0.78, 4.0, 0.80)])
+    first = convergence(study, reference, study_points(study, constraints))
+    # Both feasible (0.78 is 2 points below 0.80): 0.80 x (30 - 10) + 0.78 x (10 - 4).
+    assert first.hypervolume == pytest.approx(16.0 + 4.68)
+    # A model at 0.85 raises the baseline: 0.82 is now the least accuracy that counts, so only
+    # its own point is left, and the hypervolume is 0.85 x (30 - 25).
+    study.add_trial(
+        optuna.trial.create_trial(values=[0.85, 25.0], user_attrs={"reference_accuracy": 0.85})
+    )
+    later = convergence(study, reference, study_points(study, constraints))
+    assert later.hypervolume == pytest.approx(4.25)
+    assert later.front_size == 1
+
+
+def test_a_configured_reference_never_replaces_the_stored_one():
+    study = _study([(0.8, 10.0, 0.8)])
+    convergence(study, FIXED_LATENCY, study_points(study))
+    # A command line may give another one: the study's settings refuse it at start-up
+    # (`tuner.settings`), and the stored reference is what the curve is computed against.
+    other = OmegaConf.create({"val_accuracy": 0.3, "latency_ms_p50": 99.0})
+    assert convergence(study, other, study_points(study)).reference == (0.5, 20.0)

@@ -3,9 +3,10 @@ from __future__ import annotations
 import optuna
 import pytest
 from optuna.distributions import CategoricalDistribution
+from optuna.trial import TrialState
 
-from tuner.constraints import Constraints
-from tuner.front import front_table, study_points
+from tuner.constraints import Baseline, Constraints, baseline_of
+from tuner.front import Failures, front_table, study_points
 from tuner.front_plots import plot_front_html, plot_front_png
 
 BACKEND = {"deploy.backend": CategoricalDistribution(("eager", "int8_dynamic"))}
@@ -63,9 +64,12 @@ def test_latency_budget():
 
 def test_constraint_values_follow_optunas_sign_convention():
     constraints = Constraints(max_accuracy_drop=0.01, latency_budget_ms=8.0)
-    assert constraints.values(0.835, 7.0, 0.84) == pytest.approx([-0.005, -1.0])
-    assert not constraints.feasible(0.82, 7.0, 0.84)
-    assert not Constraints().active and Constraints().values(0.1, 99.0, 0.9) == []
+    baseline = Baseline(0.84, 2)
+    assert constraints.values(0.835, 7.0, baseline) == pytest.approx(
+        {"accuracy_drop": -0.005, "latency_budget": -1.0}
+    )
+    assert not constraints.feasible(0.82, 7.0, baseline)
+    assert not Constraints().active and Constraints().values(0.1, 99.0, baseline) == {}
 
 
 def test_table_and_plot(tmp_path):
@@ -105,9 +109,46 @@ def test_empty_study_has_an_empty_front(tmp_path):
     plot_front_html(points, "front", tmp_path / "front.html")
 
 
-def test_front_is_read_against_the_most_accurate_eager_point():
-    from tuner.console import most_accurate_eager
+def test_front_is_read_against_the_eager_point_of_the_baseline_model():
+    from tuner.console import eager_point_of
 
-    points = study_points(_study([*POINTS, ("eager", 0.84, 21.0, 0.84)]))
-    assert most_accurate_eager(points).trial_number == 4  # as accurate as #2, and faster
-    assert most_accurate_eager([p for p in points if p.backend != "eager"]) is None
+    study = _study([*POINTS, ("eager", 0.84, 21.0, 0.84)])
+    baseline = baseline_of(study.trials)
+    # Models #2 and #4 are equally accurate: the earlier one is the baseline.
+    assert baseline == Baseline(0.84, 2)
+    points = study_points(study)
+    assert eager_point_of(points, baseline).trial_number == 2
+    assert eager_point_of([p for p in points if p.backend != "eager"], baseline) is None
+
+
+def test_the_baseline_counts_complete_points_only_and_the_model_being_deployed():
+    study = _study(POINTS)  # best complete model: 0.84
+    for state, accuracy in ((TrialState.RUNNING, 0.90), (TrialState.FAIL, 0.95)):
+        study.add_trial(
+            optuna.trial.create_trial(state=state, user_attrs={"reference_accuracy": accuracy})
+        )
+    assert baseline_of(study.trials) == Baseline(0.84, 2)
+    # The model just trained counts before its points are complete...
+    assert baseline_of(study.trials, Baseline(0.86, 7)) == Baseline(0.86, 7)
+    # ...and one below the best changes nothing.
+    assert baseline_of(study.trials, Baseline(0.83, 7)) == Baseline(0.84, 2)
+    # The front uses the same baseline: 0.81 is 3 points below 0.84, so within 0.035.
+    points = study_points(study, Constraints(max_accuracy_drop=0.035))
+    assert [p.trial_number for p in points if p.feasible] == [2, 3]
+
+
+def test_failed_points_and_failed_trials_are_counted_apart():
+    from tuner.front import FAILED_BACKEND_ATTR, failures_of
+
+    study = _study(POINTS)
+    failed = [
+        {FAILED_BACKEND_ATTR: "bf16", "fail_reason": "backend bf16: no native bf16"},
+        {"fail_reason": "RuntimeError: loss is NaN"},
+        {"fail_reason": "interrupted"},  # queued again below: neither
+    ]
+    for user_attrs in failed:
+        study.add_trial(optuna.trial.create_trial(state=TrialState.FAIL, user_attrs=user_attrs))
+    study.add_trial(
+        optuna.trial.create_trial(state=TrialState.WAITING, system_attrs={"retry_history": [6]})
+    )
+    assert failures_of(study.trials) == Failures(points=1, trials=1)

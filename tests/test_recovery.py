@@ -7,7 +7,7 @@ import signal
 
 import pytest
 
-from tuner.recovery import Terminated, interruptible, raise_if_interrupted
+from tuner.recovery import Terminated, deferred, immediate, interruptible, raise_if_interrupted
 
 
 class _SignalsWhileFinalised:
@@ -45,3 +45,33 @@ def test_handlers_are_restored_and_nothing_stays_pending():
                 pass
     assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before
     raise_if_interrupted()  # a handled interrupt is not raised again outside
+
+
+def _signal(signum: int = signal.SIGINT) -> None:
+    os.kill(os.getpid(), signum)
+    for _ in range(10_000):  # the handler runs at one of the interpreter's next checks
+        pass
+
+
+def test_a_first_interrupt_waits_for_a_deferred_block_and_a_second_does_not():
+    with interruptible():
+        finished = False
+        with deferred():
+            _signal()
+            finished = True
+        assert finished
+        # It is raised at the next safe point after the block.
+        with pytest.raises(KeyboardInterrupt):
+            raise_if_interrupted()
+        with deferred():
+            _signal()
+            with pytest.raises(Terminated):
+                _signal(signal.SIGTERM)  # a second one stops at once
+                pytest.fail("the second interrupt did not raise")
+
+
+def test_an_interrupt_that_waited_raises_where_interrupts_are_immediate_again():
+    with interruptible(), deferred():
+        _signal(signal.SIGTERM)
+        with pytest.raises(Terminated), immediate():
+            pytest.fail("immediate() let a waiting interrupt through")

@@ -9,6 +9,7 @@ import math
 import shlex
 import subprocess
 import sys
+from pathlib import Path
 
 import mlflow
 import optuna
@@ -18,6 +19,7 @@ from conftest import REPO, run_cli, runnable_backends
 from mlflow.tracking import MlflowClient
 
 from tuner.config import apply_debug, compose_config, resolve
+from tuner.constraints import baseline_of
 from tuner.data import load_splits
 from tuner.front import study_points
 from tuner.recommend import Rule, recommend
@@ -84,11 +86,12 @@ def test_parent_run_holds_the_front_hypervolume_and_protocol(smoke):
     study = _load_study(smoke)
     points = study_points(study)
     history = client.get_metric_history(parent.info.run_id, "hypervolume")
-    # One value after each of the 2 trials, stepped by the study's trial count (a point per
-    # backend this machine runs), never falling.
-    backends = len(runnable_backends(*SMOKE))
-    assert [m.step for m in history] == [backends, 2 * backends]
+    # One value after each of the 2 trained configurations, stepped by their count (not by the
+    # points, one per backend); without constraints no point drops out, so it cannot fall.
+    assert [m.step for m in history] == [1, 2]
     assert history[0].value <= history[1].value
+    seconds = client.get_metric_history(parent.info.run_id, "search_seconds")
+    assert [m.step for m in seconds] == [1, 2] and 0 < seconds[0].value < seconds[1].value
     reference = study.user_attrs["hypervolume_reference"]
     # Fixed after the first trial: twice the slowest point of the first trained model.
     first = [p.latency_ms_p50 for p in points if p.trained_in_trial == 0]
@@ -108,7 +111,7 @@ def test_parent_run_holds_the_front_hypervolume_and_protocol(smoke):
         assert run.data.tags["pareto"] == wanted
 
 
-def test_pareto_points_are_deployable_mlflow_models(smoke):
+def test_pareto_points_are_deployable_mlflow_models(smoke, tmp_path):
     client, experiment, _, children = _runs(smoke)
     study = _load_study(smoke)
     points = study_points(study)
@@ -129,6 +132,14 @@ def test_pareto_points_are_deployable_mlflow_models(smoke):
         assert schema.outputs.input_names() == ["label", "score"]
         assert model.metadata.metadata["deploy.backend"] == point.backend
         assert model.metadata.metadata["retrain"] == run.data.tags["tuner.retrain"]
+        # What the point ships says how it was deployed: its own backend, not the base config's.
+        local = Path(
+            mlflow.artifacts.download_artifacts(
+                point.model_uri, dst_path=str(tmp_path / str(point.trial_number))
+            )
+        )
+        spec = json.loads(next(local.rglob("point.json")).read_text())
+        assert spec["deploy"]["backend"] == point.backend
         # The served model is the measured one: it reproduces the point's validation accuracy.
         predicted = model.predict(pd.DataFrame({"text": splits.val.items}))
         assert set(predicted["label"]) <= set(splits.label_names)
@@ -143,31 +154,35 @@ def test_pareto_points_are_deployable_mlflow_models(smoke):
             assert not point.pareto
 
 
-def test_the_retrain_command_reproduces_a_point(smoke, tmp_path):
+def test_retrain_commands_reproduce_two_backends_of_one_model(smoke, tmp_path):
     study = _load_study(smoke)
-    point = next(p for p in study_points(study) if p.pareto)
+    model = study_points(study)[0].trained_in_trial
+    points = [p for p in study_points(study) if p.trained_in_trial == model][:2]
+    assert len({p.backend for p in points}) == 2
     client = MlflowClient(_stores(smoke)[1])
-    command = shlex.split(client.get_run(point.mlflow_run_id).data.tags["tuner.retrain"])
-    assert command[:3] == ["python", "-m", "tuner"]
-    overrides = command[3:]
-    assert f"deploy.backend={point.backend}" in overrides
-    assert "debug.overrides.study.n_trials=1" in overrides
-    # Run it against fresh stores so the original study is untouched.
-    overrides = [o for o in overrides if not o.startswith(("study.storage=", "tracking.uri="))]
-    result = run_cli(tmp_path, *overrides)
-    assert result.returncode == 0, result.stderr
-    retrained_name = f"bert_ffn-retrain-{point.trained_in_trial}-smoke"
-    retrained = _load_study(tmp_path, retrained_name).get_trials(
-        states=(optuna.trial.TrialState.COMPLETE,)
-    )
-    assert len(retrained) == 1
-    assert retrained[0].user_attrs["deploy.backend"] == point.backend
-    assert retrained[0].values[0] == pytest.approx(point.val_accuracy, abs=1e-9)
+    for point in points:
+        command = shlex.split(client.get_run(point.mlflow_run_id).data.tags["tuner.retrain"])
+        assert command[:3] == ["python", "-m", "tuner"]
+        overrides = command[3:]
+        assert f"deploy.backend={point.backend}" in overrides
+        assert "debug.overrides.study.n_trials=1" in overrides
+        # Both run against the same fresh stores, so the original study is untouched: each
+        # point retrains into a study of its own, named after the model and the backend.
+        overrides = [o for o in overrides if not o.startswith(("study.storage=", "tracking.uri="))]
+        result = run_cli(tmp_path, *overrides)
+        assert result.returncode == 0, result.stderr
+        retrained_name = f"bert_ffn-retrain-{model}-{point.backend}-smoke"
+        retrained = _load_study(tmp_path, retrained_name).get_trials(
+            states=(optuna.trial.TrialState.COMPLETE,)
+        )
+        assert len(retrained) == 1
+        assert retrained[0].user_attrs["deploy.backend"] == point.backend
+        assert retrained[0].values[0] == pytest.approx(point.val_accuracy, abs=1e-9)
 
 
 def test_report_recommends_evaluates_and_exports(smoke, tmp_path):
     study = _load_study(smoke)
-    expected = recommend(study_points(study), Rule())
+    expected = recommend(study_points(study), Rule(), baseline_of(study.trials))
     export = tmp_path / "export"
     result = _report(smoke, "--export", str(export))
     assert result.returncode == 0, result.stderr
@@ -202,7 +217,8 @@ def test_report_rules_and_a_study_still_running(smoke):
     fastest = min((p for p in points if p.pareto), key=lambda p: p.latency_ms_p50)
     budget = _report(smoke, "--skip-test", "--max-latency-ms", repr(fastest.latency_ms_p50))
     assert budget.returncode == 0, budget.stderr
-    chosen = recommend(points, Rule(max_accuracy_drop=None, max_latency_ms=fastest.latency_ms_p50))
+    rule = Rule(max_accuracy_drop=None, max_latency_ms=fastest.latency_ms_p50)
+    chosen = recommend(points, rule, baseline_of(study.trials))
     assert f"Recommended: trial #{chosen.trial_number}" in budget.stdout
     nothing = _report(smoke, "--skip-test", "--max-latency-ms", "0.000001")
     assert nothing.returncode == 1 and "No point of the front" in nothing.stdout
@@ -214,6 +230,25 @@ def test_report_rules_and_a_study_still_running(smoke):
         assert "1 trial(s) still running" in during.stdout
     finally:
         study.tell(running, state=optuna.trial.TrialState.FAIL)
+
+
+def test_the_report_reads_the_study_s_own_data_and_constraints(smoke, tmp_path):
+    # Another data source or split on the report's command line would put other examples
+    # (even training ones) into the "test" accuracy of the study's point: refused, by key.
+    other = tmp_path / "reviews.csv"
+    other.write_text("text,label\n" + "".join(f"review {i},{i % 2}\n" for i in range(60)))
+    for typed in (("data.split_seed=5",), ("data=csv", f"data.path={other}")):
+        result = _report(smoke, *typed)
+        assert result.returncode == 2, result.stdout
+        assert "study 'bert_ffn-smoke' was created with data." in result.stderr
+        assert "Evaluating" not in result.stdout
+    seed = _report(smoke, "--skip-test", "data.split_seed=5")
+    assert "created with data.split_seed=0, this command gives data.split_seed=5" in seed.stderr
+    constraint = _report(smoke, "--skip-test", "study.max_accuracy_drop=0.001")
+    assert constraint.returncode == 2 and "key 'study.max_accuracy_drop'" in constraint.stderr
+    # Said once per report: what the drops are measured from.
+    plain = _report(smoke, "--skip-test")
+    assert "against the best eager fp32 validation accuracy" in plain.stdout
 
 
 def test_report_names_a_missing_study(smoke):

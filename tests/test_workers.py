@@ -249,3 +249,17 @@ def test_interrupted_trial_is_failed_queued_and_resumed(tmp_path, stop, code):
     assert [t.number for t in own] == [queued.number]
     assert own[0].params == interrupted.params
     assert len(study.get_trials(states=(TrialState.COMPLETE,))) == BACKENDS
+
+
+def test_workers_started_together_with_the_default_tracking_store(workdirs, postgres_database):
+    # Two workers on one PostgreSQL study, both in one working directory with the default
+    # tracking.uri (SQLite mlflow.db there), which neither has created yet.
+    storage = postgres_database("optuna")
+    shared = workdirs / "w0"
+    workers = [
+        Worker(shared, storage, "sqlite:///mlflow.db", "debug.overrides.study.n_trials=2")
+        for _ in range(2)
+    ]
+    for worker in workers:
+        assert worker.finish() == 0, worker.output
+    _assert_consistent(_load(storage), f"sqlite:///{shared}/mlflow.db", trained=2)

@@ -22,12 +22,23 @@ SKIPPED_ATTR = "skipped"
 RETRY_HISTORY = "retry_history"
 
 
+def is_configuration(trial: FrozenTrial) -> bool:
+    """A trial that trained (or trains) a configuration, not another backend's point of it."""
+    return trial.user_attrs.get(TRAINED_IN_ATTR, trial.number) == trial.number
+
+
+def configuration_of(trial: FrozenTrial) -> int:
+    """The first trial of a configuration: its retries (after an interrupt or a dead worker)
+    train the same params again and complete its points."""
+    return int(trial.system_attrs.get(RETRY_HISTORY, [trial.number])[0])
+
+
 def retried_numbers(trials: Sequence[FrozenTrial]) -> set[int]:
     return {n for t in trials for n in t.system_attrs.get(RETRY_HISTORY, [])}
 
 
 def _counts(trial: FrozenTrial, retried: set[int]) -> bool:
-    if trial.user_attrs.get(TRAINED_IN_ATTR, trial.number) != trial.number:
+    if not is_configuration(trial):
         return False  # another backend's point of a model trained elsewhere
     if trial.state == TrialState.PRUNED and SKIPPED_ATTR in trial.user_attrs:
         return False

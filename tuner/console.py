@@ -25,8 +25,9 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from tuner.constraints import Baseline
 from tuner.errors import TrialFailed
-from tuner.front import Point
+from tuner.front import Failures, Point
 
 if TYPE_CHECKING:
     from tuner.deploy import BackendResult
@@ -192,23 +193,31 @@ def training_progress() -> Iterator[Progress | LogProgress]:
         yield progress
 
 
-def front_summary(study_name: str, points: list[Point], failed: int) -> None:
-    if failed:
-        console.print(f"[yellow]{failed} failed trial(s) in the study; see fail_reason.[/]")
+def front_summary(
+    study_name: str, points: list[Point], failures: Failures, baseline: Baseline
+) -> None:
+    if failures.points:
+        console.print(
+            f"[yellow]{failures.points} point(s) failed on their backend; see fail_reason.[/]"
+        )
+    if failures.trials:
+        console.print(
+            f"[yellow]{failures.trials} trial(s) failed before any point; see fail_reason.[/]"
+        )
     front = sorted((p for p in points if p.pareto), key=lambda p: p.latency_ms_p50)
     if not front:
         console.print(f"Study '{study_name}' has no complete trial yet.")
         return
-    baseline = most_accurate_eager(points)
+    eager = eager_point_of(points, baseline)
     table = Table(title=f"Pareto front of '{study_name}' ({len(front)} of {len(points)} points)")
     columns = ["trial", "backend", "val_accuracy", "p50 ms", "p95 ms", "size MB"]
-    if baseline:
-        columns.append(f"vs eager #{baseline.trial_number}")
+    columns.append(f"vs eager #{eager.trial_number}" if eager else "vs baseline")
     for column in columns:
         table.add_column(column, no_wrap=True)
     table.add_column("params", overflow="fold")
     for p in front:
         params = ", ".join(f"{key}={_short(value)}" for key, value in p.params.items())
+        accuracy = f"{100 * (p.val_accuracy - baseline.accuracy):+.1f} pts"
         row = [
             str(p.trial_number),
             p.backend,
@@ -216,19 +225,15 @@ def front_summary(study_name: str, points: list[Point], failed: int) -> None:
             f"{p.latency_ms_p50:.2f}",
             f"{p.latency_ms_p95:.2f}",
             f"{p.model_size_mb:.1f}",
+            f"{eager.latency_ms_p50 / p.latency_ms_p50:.2f}x, {accuracy}" if eager else accuracy,
         ]
-        if baseline:
-            row.append(
-                f"{baseline.latency_ms_p50 / p.latency_ms_p50:.2f}x, "
-                f"{100 * (p.val_accuracy - baseline.val_accuracy):+.1f} pts"
-            )
         table.add_row(*row, params)
     console.print(table)
-    if baseline:
+    console.print(f"Accuracy differences and the constraints are against {baseline.describe()}.")
+    if eager:
         console.print(
-            f"Speed-ups and accuracy differences are against the most accurate eager fp32 point "
-            f"(#{baseline.trial_number}: {baseline.val_accuracy:.4f}, "
-            f"{baseline.latency_ms_p50:.2f} ms)."
+            f"Speed-ups are against that model's eager fp32 point "
+            f"(#{eager.trial_number}: {eager.latency_ms_p50:.2f} ms)."
         )
 
 
@@ -259,7 +264,14 @@ def recommendation(point: Point, rule: str) -> None:
     )
 
 
-def most_accurate_eager(points: list[Point]) -> Point | None:
-    """The reference a front is read against: the best eager fp32 point, faster on ties."""
-    eager = [p for p in points if p.backend == "eager"]
-    return min(eager, key=lambda p: (-p.val_accuracy, p.latency_ms_p50), default=None)
+def eager_point_of(points: list[Point], baseline: Baseline) -> Point | None:
+    """The eager fp32 point of the baseline's model, which speed-ups are read against; None
+    where eager is not among the study's backends."""
+    return next(
+        (
+            p
+            for p in points
+            if p.backend == "eager" and p.trained_in_trial == baseline.trained_in_trial
+        ),
+        None,
+    )

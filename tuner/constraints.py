@@ -1,9 +1,14 @@
-"""Feasibility: an accuracy-drop limit and a latency budget, as Optuna constraints.
+"""Feasibility: an accuracy-drop limit and a latency budget, as Optuna constraints, and the
+baseline the drop is measured from.
 
-A point is feasible when every value is <= 0 (Optuna's convention). The accuracy drop is
-measured from the best eager fp32 accuracy of any trained model in the study, so it tightens
-as better models appear: samplers see the values computed when each point was made, and the
-front (`tuner.front`) recomputes feasibility against the final best.
+A point is feasible when every constraint value is <= 0 (Optuna's convention); the values are
+set on each point's trial under their names (`Trial.set_constraint`), where samplers and
+`study.best_trials` read them. The one baseline
+of a study is the best eager fp32 validation accuracy of any trained model with a complete point
+(`baseline_of`); the sampler's constraint values, which points get a logged model, the `pareto`
+tags, the console's comparisons and the report's rule all use it. It only rises as better
+models complete: samplers keep the values computed when each point was made, and the front
+(`tuner.front`) is recomputed against the latest baseline.
 """
 
 from __future__ import annotations
@@ -14,18 +19,51 @@ from dataclasses import dataclass
 
 import optuna
 from omegaconf import DictConfig
+from optuna.trial import TrialState
 
-# Optuna's samplers keep constraint values under this system attribute; points added to the
-# study directly (one per extra backend) must carry it too.
-from optuna.samplers._base import _CONSTRAINTS_KEY as CONSTRAINTS_KEY  # noqa: F401
+# The eager fp32 validation accuracy of the model a point was deployed from.
+EAGER_ACCURACY_ATTR = "reference_accuracy"
 
-REFERENCE_ACCURACY_ATTR = "reference_accuracy"
-CONSTRAINTS_ATTR = "constraints"
+
+@dataclass(frozen=True)
+class Baseline:
+    """The best eager fp32 validation accuracy, and the trial that trained that model (None
+    while no model has a complete point)."""
+
+    accuracy: float = math.nan
+    trained_in_trial: int | None = None
+
+    def describe(self) -> str:
+        if self.trained_in_trial is None:
+            return "no trained model yet"
+        return (
+            f"the best eager fp32 validation accuracy, {self.accuracy:.4f} "
+            f"(model of trial #{self.trained_in_trial})"
+        )
+
+
+def baseline_of(
+    trials: Sequence[optuna.trial.FrozenTrial], pending: Baseline | None = None
+) -> Baseline:
+    """The study's baseline among the complete points of `trials`, and `pending`: a model just
+    trained whose points are being made. Ties go to the earlier model."""
+    candidates = [pending] if pending is not None and math.isfinite(pending.accuracy) else []
+    for trial in trials:
+        accuracy = trial.user_attrs.get(EAGER_ACCURACY_ATTR)
+        if trial.state == TrialState.COMPLETE and accuracy is not None and math.isfinite(accuracy):
+            trained_in = int(trial.user_attrs.get("trained_in_trial", trial.number))
+            candidates.append(Baseline(float(accuracy), trained_in))
+    return min(
+        candidates,
+        key=lambda b: (-b.accuracy, b.trained_in_trial),
+        default=Baseline(),
+    )
 
 
 @dataclass(frozen=True)
 class Constraints:
-    """`max_accuracy_drop` in accuracy units (0.01 = one point); `latency_budget_ms` on p50."""
+    """`max_accuracy_drop` in accuracy units (0.01 = one point) below the baseline;
+    `latency_budget_ms` on p50."""
 
     max_accuracy_drop: float | None = None
     latency_budget_ms: float | None = None
@@ -40,26 +78,17 @@ class Constraints:
         return self.max_accuracy_drop is not None or self.latency_budget_ms is not None
 
     def values(
-        self, val_accuracy: float, latency_ms_p50: float, best_reference: float
-    ) -> list[float]:
-        result = []
+        self, val_accuracy: float, latency_ms_p50: float, baseline: Baseline
+    ) -> dict[str, float]:
+        """Constraint name -> value, for the constraints that are set."""
+        result = {}
         if self.max_accuracy_drop is not None:
-            result.append(best_reference - val_accuracy - self.max_accuracy_drop)
+            # Before any baseline exists a point is judged against its own model only.
+            best = baseline.accuracy if math.isfinite(baseline.accuracy) else val_accuracy
+            result["accuracy_drop"] = best - val_accuracy - self.max_accuracy_drop
         if self.latency_budget_ms is not None:
-            result.append(latency_ms_p50 - self.latency_budget_ms)
+            result["latency_budget"] = latency_ms_p50 - self.latency_budget_ms
         return result
 
-    def feasible(self, val_accuracy: float, latency_ms_p50: float, best_reference: float) -> bool:
-        return all(v <= 0 for v in self.values(val_accuracy, latency_ms_p50, best_reference))
-
-
-def best_reference_accuracy(trials: Sequence[optuna.trial.FrozenTrial]) -> float:
-    """The best eager fp32 validation accuracy of any trained model among `trials`."""
-    values = [t.user_attrs.get(REFERENCE_ACCURACY_ATTR) for t in trials]
-    finite = [v for v in values if v is not None and math.isfinite(v)]
-    return max(finite, default=float("nan"))
-
-
-def constraints_func(trial: optuna.trial.FrozenTrial) -> Sequence[float]:
-    """For samplers: the values the objective stored on the trial."""
-    return list(trial.user_attrs.get(CONSTRAINTS_ATTR, []))
+    def feasible(self, val_accuracy: float, latency_ms_p50: float, baseline: Baseline) -> bool:
+        return all(v <= 0 for v in self.values(val_accuracy, latency_ms_p50, baseline).values())

@@ -1,14 +1,22 @@
 """How far the search has got: the hypervolume of the feasible front.
 
+The hypervolume is that of the front as it stands: the points feasible against the study's
+current baseline (`tuner.constraints`). It is not monotone: when a better model raises the
+baseline under `study.max_accuracy_drop`, points that were feasible drop out and it can fall.
+It is logged with the number of trained configurations as its step (other backends' points of
+one model are not steps of the search) and, as `search_seconds`, the wall-clock seconds since
+the study's first trial started.
+
 Hypervolume curves are only comparable against one reference point, so the study fixes it once
 (in its Optuna user attributes) and every later invocation or worker reuses it: the configured
-`study.hypervolume_reference`, or, where its latency is null, twice the slowest point known when
-the first front was published.
+`study.hypervolume_reference` (a study setting, see `tuner.settings`), or, where its latency is
+null, twice the slowest point known when the first front was published.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 
 import optuna
 from omegaconf import DictConfig
@@ -25,8 +33,14 @@ class Convergence:
     reference: tuple[float, float]
     front_size: int
 
+    search_seconds: float = 0.0
+
     def metrics(self) -> dict[str, float]:
-        return {"hypervolume": self.hypervolume, "pareto_points": float(self.front_size)}
+        return {
+            "hypervolume": self.hypervolume,
+            "pareto_points": float(self.front_size),
+            "search_seconds": self.search_seconds,
+        }
 
 
 def hypervolume_reference(
@@ -34,18 +48,16 @@ def hypervolume_reference(
 ) -> tuple[float, float] | None:
     """The study's reference (worst accuracy, worst latency); None until a point exists."""
     stored = study.user_attrs.get(REFERENCE_ATTR)
-    accuracy = float(configured.val_accuracy)
+    if stored is not None:
+        return float(stored[0]), float(stored[1])
     if configured.latency_ms_p50 is not None:
         latency = float(configured.latency_ms_p50)
-    elif stored is not None:
-        latency = float(stored[1])
     elif points:
         latency = 2.0 * max(p.latency_ms_p50 for p in points)
     else:
         return None
-    reference = (accuracy, latency)
-    if stored is None or tuple(stored) != reference:
-        study.set_user_attr(REFERENCE_ATTR, list(reference))
+    reference = (float(configured.val_accuracy), latency)
+    study.set_user_attr(REFERENCE_ATTR, list(reference))
     return reference
 
 
@@ -56,4 +68,8 @@ def convergence(
     if reference is None:
         return None
     feasible = [(p.val_accuracy, p.latency_ms_p50) for p in points if p.feasible]
-    return Convergence(hypervolume(feasible, reference), reference, sum(p.pareto for p in points))
+    started = [t.datetime_start for t in study.get_trials(deepcopy=False) if t.datetime_start]
+    seconds = (datetime.now() - min(started)).total_seconds() if started else 0.0
+    return Convergence(
+        hypervolume(feasible, reference), reference, sum(p.pareto for p in points), seconds
+    )

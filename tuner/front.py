@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING, Any
 import optuna
 import pandas as pd
 
-from tuner.constraints import Constraints, best_reference_accuracy
+from tuner.budget import retried_numbers
+from tuner.constraints import Constraints, baseline_of
 from tuner.pareto import pareto_mask
 
 if TYPE_CHECKING:
@@ -19,6 +20,8 @@ METRIC_COLUMNS = ("val_accuracy", "latency_ms_p50", "latency_ms_p95", "model_siz
 # Optuna user attributes that tie a point to its MLflow run and logged model.
 RUN_ID_ATTR = "mlflow_run_id"
 MODEL_URI_ATTR = "mlflow_model_uri"
+# Set on a failed trial whose model trained but whose backend failed: a failed point.
+FAILED_BACKEND_ATTR = "failed_backend"
 
 
 @dataclass(frozen=True)
@@ -47,6 +50,24 @@ class Point:
         return "pareto" if self.pareto else "dominated"
 
 
+@dataclass(frozen=True)
+class Failures:
+    """Failed points (a backend failed on a trained model) and failed trials (training or
+    setup failed, so no point at all). An interrupted trial that was queued again is neither."""
+
+    points: int = 0
+    trials: int = 0
+
+
+def failures_of(trials: Sequence[optuna.trial.FrozenTrial]) -> Failures:
+    retried = retried_numbers(trials)
+    failed = [
+        t for t in trials if t.state == optuna.trial.TrialState.FAIL and t.number not in retried
+    ]
+    points = sum(1 for t in failed if FAILED_BACKEND_ATTR in t.user_attrs)
+    return Failures(points=points, trials=len(failed) - points)
+
+
 def study_points(study: optuna.Study, constraints: Constraints | None = None) -> list[Point]:
     """Every complete trial of the study as a point; see `points_of`."""
     return points_of(study.get_trials(deepcopy=False), constraints)
@@ -57,12 +78,12 @@ def points_of(
 ) -> list[Point]:
     """Every complete trial as a point; `pareto` marks the front of the feasible ones.
 
-    Feasibility is recomputed here against the best eager accuracy in the whole study, so it is
-    right even for points made before that best model existed.
+    Feasibility is recomputed here against the study's baseline (`tuner.constraints`), so it is
+    right even for points made before the model that sets it existed.
     """
     trials = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
     constraints = constraints or Constraints()
-    best = best_reference_accuracy(trials)
+    baseline = baseline_of(trials)
     points = [
         Point(
             trial_number=trial.number,
@@ -73,7 +94,7 @@ def points_of(
             model_size_mb=float(trial.user_attrs.get("model_size_mb", float("nan"))),
             trained_in_trial=int(trial.user_attrs.get("trained_in_trial", trial.number)),
             params=dict(trial.params),
-            feasible=constraints.feasible(trial.values[0], trial.values[1], best),
+            feasible=constraints.feasible(trial.values[0], trial.values[1], baseline),
             model_uri=trial.user_attrs.get(MODEL_URI_ATTR),
             mlflow_run_id=trial.user_attrs.get(RUN_ID_ATTR),
         )

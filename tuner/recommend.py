@@ -1,14 +1,17 @@
 """Which point of the front to deploy, under a rule the user states.
 
 The default rule is the common one for shipping: the fastest point within one accuracy point of
-the most accurate point of the study. A latency budget instead picks the most accurate point
-that fits it; with both, the fastest point within the drop that also fits the budget.
+the study's baseline, the best eager fp32 model (`tuner.constraints.baseline_of`, the same
+baseline the constraints and the console use). A latency budget instead picks the most accurate
+point that fits it; with both, the fastest point within the drop that also fits the budget.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
+from tuner.constraints import Baseline
 from tuner.front import Point
 
 DEFAULT_MAX_ACCURACY_DROP = 0.01
@@ -16,8 +19,8 @@ DEFAULT_MAX_ACCURACY_DROP = 0.01
 
 @dataclass(frozen=True)
 class Rule:
-    """`max_accuracy_drop` in accuracy units (0.01 = one point) below the study's most accurate
-    feasible point; `max_latency_ms` on p50 latency. Either may be None."""
+    """`max_accuracy_drop` in accuracy units (0.01 = one point) below the study's baseline;
+    `max_latency_ms` on p50 latency. Either may be None."""
 
     max_accuracy_drop: float | None = DEFAULT_MAX_ACCURACY_DROP
     max_latency_ms: float | None = None
@@ -29,7 +32,7 @@ class Rule:
         if self.max_accuracy_drop is not None:
             parts.append(
                 f"the fastest point within {100 * self.max_accuracy_drop:g} accuracy point(s) "
-                "of the most accurate"
+                "of the best eager fp32 model"
             )
         else:
             parts.append("the most accurate point")
@@ -38,7 +41,7 @@ class Rule:
         return " ".join(parts)
 
 
-def recommend(points: list[Point], rule: Rule) -> Point | None:
+def recommend(points: list[Point], rule: Rule, baseline: Baseline) -> Point | None:
     """The front point the rule picks, or None when no point satisfies it.
 
     Ties go to the more accurate, then the faster, then the earlier point, so the answer does
@@ -47,7 +50,12 @@ def recommend(points: list[Point], rule: Rule) -> Point | None:
     front = [p for p in points if p.pareto]
     if not front:
         return None
-    best_accuracy = max(p.val_accuracy for p in front)
+    # A study made before baselines were recorded: the most accurate front point stands in.
+    best_accuracy = (
+        baseline.accuracy
+        if math.isfinite(baseline.accuracy)
+        else max(p.val_accuracy for p in front)
+    )
     candidates = [
         p
         for p in front

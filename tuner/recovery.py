@@ -18,6 +18,7 @@ from optuna.trial import FrozenTrial
 
 from tuner import console
 from tuner.budget import RETRY_HISTORY, retry_template
+from tuner.optuna_compat import storage_of, study_id_of
 from tuner.tracking import Tracker
 
 
@@ -25,8 +26,15 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM, handled like Ctrl-C: the running trial is failed and queued again."""
 
 
-# Interrupts that arrived but may not have reached the main code (see `interruptible`).
-_pending: list[KeyboardInterrupt] = []
+class _Signals:
+    """Interrupts that arrived and were not raised yet, and whether one raises at once."""
+
+    def __init__(self) -> None:
+        self.pending: list[KeyboardInterrupt] = []
+        self.immediate = True
+
+
+_signals = _Signals()
 
 
 @contextmanager
@@ -34,12 +42,16 @@ def interruptible() -> Iterator[None]:
     """Ctrl-C raises KeyboardInterrupt and SIGTERM raises `Terminated`, as usual, and both are
     remembered: a signal handler can run inside a garbage-collection callback or `__del__`,
     where Python prints the exception and carries on, so `raise_if_interrupted` raises it
-    again at the next safe point (every training step, every backend)."""
+    again at the next safe point (every training step, every backend). Inside `deferred`, the
+    first interrupt only waits for such a point."""
 
     def handler(exception: type[KeyboardInterrupt]):
         def interrupt(signum, frame) -> None:
-            _pending.append(exception())
-            raise _pending[-1]
+            first = not _signals.pending
+            _signals.pending.append(exception())
+            if _signals.immediate or not first:
+                raise _signals.pending[-1]
+            console.console.print("Interrupted: stopping once the study's records are whole.")
 
         return interrupt
 
@@ -52,13 +64,38 @@ def interruptible() -> Iterator[None]:
     finally:
         for signum, restored in previous.items():
             signal.signal(signum, restored)
-        _pending.clear()
+        _signals.pending.clear()
+        _signals.immediate = True
+
+
+@contextmanager
+def deferred() -> Iterator[None]:
+    """A first interrupt here is raised at the next safe point after the block, not inside it:
+    for what must not stop half-way (Optuna creating a trial, points being written). A second
+    interrupt stops at once."""
+    before, _signals.immediate = _signals.immediate, False
+    try:
+        yield
+    finally:
+        _signals.immediate = before
+
+
+@contextmanager
+def immediate() -> Iterator[None]:
+    """Interrupts raise at once here (training, deploying), starting with one that waited."""
+    before, _signals.immediate = _signals.immediate, True
+    try:
+        raise_if_interrupted()
+        yield
+    finally:
+        _signals.immediate = before
 
 
 def raise_if_interrupted() -> None:
-    """Raise an interrupt whose handler fired where its exception was lost."""
-    if _pending:
-        raise _pending.pop()
+    """Raise an interrupt that arrived but was not raised (lost in a finaliser, or waiting
+    for the end of a `deferred` block)."""
+    if _signals.pending:
+        raise _signals.pending.pop()
 
 
 def requeue(
@@ -81,7 +118,7 @@ class StaleTrials:
         self.grace_period = grace_period
 
     def __call__(self, study: optuna.Study, trial: FrozenTrial) -> None:
-        queued = requeue(study._storage, study._study_id, trial, self.max_retry)
+        queued = requeue(storage_of(study), study_id_of(study), trial, self.max_retry)
         reason = f"its worker sent no heartbeat for {self.grace_period} s (killed or lost); " + (
             "queued again with the same params" if queued else "retries exhausted"
         )

@@ -18,17 +18,18 @@ from typing import Any
 
 import mlflow
 import optuna
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from tuner import console
 from tuner.config import apply_debug, compose_config, resolve
-from tuner.constraints import Constraints
+from tuner.constraints import Constraints, baseline_of
 from tuner.data import load_splits
 from tuner.errors import ConfigError
-from tuner.front import Point, study_points
+from tuner.front import Point, failures_of, points_of
 from tuner.modalities import MODALITIES
 from tuner.recommend import DEFAULT_MAX_ACCURACY_DROP, Rule, recommend
 from tuner.retrain import override_keys
+from tuner.settings import settings_of, stored_settings, subtree, typed_contradiction
 from tuner.storage import open_storage
 
 TEST_METRIC = "test_accuracy"
@@ -62,7 +63,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--skip-test", action="store_true", help="do not evaluate on the test split"
     )
-    return parser.parse_args(argv)
+    # Overrides and options in any order, as with `python -m tuner`.
+    return parser.parse_intermixed_args(argv)
 
 
 def check_export_directory(directory: Path | None) -> None:
@@ -93,14 +95,37 @@ def load_study(cfg: DictConfig) -> optuna.Study:
     return optuna.load_study(study_name=name, storage=storage)
 
 
-def test_accuracy(point: Point, cfg: DictConfig, client: mlflow.MlflowClient) -> float:
+def study_settings(
+    study: optuna.Study, cfg: DictConfig, typed: set[str]
+) -> tuple[Constraints, DictConfig]:
+    """The constraints and data config the study was made with (`tuner.settings`); a key typed
+    on this command line that says otherwise is refused."""
+    stored = stored_settings(study)
+    if stored is None:
+        console.console.print(
+            f"Study '{study.study_name}' keeps no settings (made by an older version): its "
+            "constraints and test split are read from this command line."
+        )
+        return Constraints.from_config(cfg.study), cfg.data
+    problem = typed_contradiction(study.study_name, stored, settings_of(cfg), typed)
+    if problem:
+        raise problem
+    constraints = Constraints(
+        stored.get("study.max_accuracy_drop"), stored.get("study.latency_budget_ms")
+    )
+    # Where the dataset is cached is this machine's business; what it holds is the study's.
+    data_cfg = OmegaConf.create({**subtree(stored, "data"), "cache_dir": cfg.data.cache_dir})
+    return constraints, data_cfg
+
+
+def test_accuracy(point: Point, data_cfg: DictConfig, client: mlflow.MlflowClient) -> float:
     """The point's accuracy on the test split, evaluated once and kept on its MLflow run."""
     assert point.model_uri is not None and point.mlflow_run_id is not None
     recorded = client.get_run(point.mlflow_run_id).data.metrics.get(TEST_METRIC)
     if recorded is not None:
         console.console.print(f"Test accuracy was evaluated before; reusing {recorded:.4f}.")
         return recorded
-    splits = load_splits(cfg.data)
+    splits = load_splits(data_cfg)
     console.console.print(
         f"Evaluating trial #{point.trial_number} ({point.backend}) on {len(splits.test)} "
         "held-out test examples ..."
@@ -161,15 +186,16 @@ def report(args: argparse.Namespace) -> int:
     check_export_directory(args.export)
     cfg = resolve(apply_debug(compose_config(args.overrides), override_keys(args.overrides)))
     study = load_study(cfg)
+    constraints, data_cfg = study_settings(study, cfg, override_keys(args.overrides))
     mlflow.set_tracking_uri(str(cfg.tracking.uri))
     client = mlflow.MlflowClient(str(cfg.tracking.uri))
-    points = study_points(study, Constraints.from_config(cfg.study))
-    failed = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,)))
-    console.front_summary(study.study_name, points, failed)
+    trials = study.get_trials(deepcopy=False)
+    points, baseline = points_of(trials, constraints), baseline_of(trials)
+    console.front_summary(study.study_name, points, failures_of(trials), baseline)
     running = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
     if running:
         console.console.print(f"{len(running)} trial(s) still running: this is the front so far.")
-    point = recommend(points, rule)
+    point = recommend(points, rule, baseline)
     if point is None:
         console.console.print(f"[red]No point of the front is {rule.describe()}.[/]")
         return 1
@@ -183,7 +209,7 @@ def report(args: argparse.Namespace) -> int:
         if args.export:
             raise ConfigError(f"Invalid option --export: trial #{point.trial_number} has no model")
         return 0
-    accuracy = None if args.skip_test else test_accuracy(point, cfg, client)
+    accuracy = None if args.skip_test else test_accuracy(point, data_cfg, client)
     if accuracy is not None:
         console.console.print(
             f"Test accuracy {accuracy:.4f} (validation {point.val_accuracy:.4f}); logged as "

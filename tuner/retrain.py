@@ -43,7 +43,7 @@ def retrain_overrides(
     invocation: Sequence[str],
     params: Mapping[str, Any],
     study_name: str,
-    trial_number: int,
+    point: str,
     profile_keys: Collection[str] = (),
 ) -> list[str]:
     """Hydra overrides that retrain the point with `params` (its searched values).
@@ -52,10 +52,12 @@ def retrain_overrides(
         invocation: the overrides of the invocation that made the point (`+experiment=...`
             and anything the user set).
         study_name: the configured `study.name` before any debug profile suffix.
+        point: names the point within its study (`<trained in trial>-<backend>`), so that
+            every point retrains into a study of its own.
         profile_keys: keys the active debug profile sets; they can only be changed through
             `debug.overrides.<key>`, since the profile is laid over the command line.
     """
-    settings = {**params, "study.n_trials": 1, "study.name": f"{study_name}-retrain-{trial_number}"}
+    settings = {**params, "study.n_trials": 1, "study.name": f"{study_name}-retrain-{point}"}
     parsed = OverridesParser.create().parse_overrides(list(invocation))
     kept = [
         o.input_line

@@ -18,9 +18,9 @@ import optuna
 import sqlalchemy.exc
 from omegaconf import DictConfig
 from optuna.storages import BaseStorage, RDBStorage
-from optuna.storages._heartbeat import BaseHeartbeat
 
 from tuner.errors import ConfigError
+from tuner.optuna_compat import BaseHeartbeat, stale_trial_ids, trial_id_of
 from tuner.retries import call_with_retries
 
 StaleCallback = Callable[[optuna.Study, optuna.trial.FrozenTrial], None]
@@ -133,6 +133,5 @@ def live_trial_numbers(storage: BaseStorage, study_id: int) -> list[int]:
     )
     stale: set[int] = set()
     if isinstance(storage, RetryingStorage) and storage.inner.get_heartbeat_interval():
-        # Optuna keeps the heartbeat comparison inside the storage; this is its own query.
-        stale = set(storage.inner._get_stale_trial_ids(study_id))
-    return [t.number for t in running if t._trial_id not in stale]
+        stale = set(stale_trial_ids(storage.inner, study_id))
+    return [t.number for t in running if trial_id_of(t) not in stale]

@@ -17,7 +17,6 @@ import optuna
 import torch
 from omegaconf import DictConfig, OmegaConf
 from optuna.distributions import CategoricalDistribution, check_distribution_compatibility
-from optuna.storages._heartbeat import is_heartbeat_enabled
 from optuna.trial import TrialState
 
 from tuner import budget, console
@@ -30,26 +29,27 @@ from tuner.config import (
     resolve,
     with_params,
 )
-from tuner.constraints import Constraints, constraints_func
-from tuner.convergence import convergence
+from tuner.constraints import Constraints, baseline_of
+from tuner.convergence import REFERENCE_ATTR, convergence
 from tuner.data import Splits, load_splits
 from tuner.data.batches import Encoded
 from tuner.edits import EDITS, SAME_EDIT
 from tuner.errors import ConfigError
-from tuner.front import Point, front_note, points_of, study_points
+from tuner.front import Point, failures_of, front_note, points_of
 from tuner.latency import LatencyProtocol
 from tuner.modalities import MODALITIES, Modality
 from tuner.models import MODEL_FAMILIES
-from tuner.recovery import StaleTrials, interruptible
+from tuner.optuna_compat import FilteredSampler, is_heartbeat_enabled, storage_of
+from tuner.recovery import StaleTrials, deferred, interruptible, raise_if_interrupted
 from tuner.retrain import override_keys
 from tuner.samplers import SAMPLERS
+from tuner.settings import OBJECTIVES, check_change_keys, settings_of, settle
 from tuner.space import SearchSpace
 from tuner.storage import Heartbeat, is_sqlite, live_trial_numbers, open_storage
 from tuner.tracking import Tracker
 from tuner.trial import BACKEND_KEY, ModelFactory, Objective, ServingContext, TrialContext
 
-DIRECTIONS = ("maximize", "minimize")
-OBJECTIVES = ("val_accuracy", "latency_ms_p50")
+DIRECTIONS = tuple(OBJECTIVES.values())
 
 
 @dataclass(frozen=True)
@@ -151,8 +151,10 @@ def _refuse_parallel_sqlite(url: str, storage: optuna.storages.BaseStorage, stud
 
 
 def _create_study(
-    cfg: DictConfig, constraints: Constraints, tracker: Tracker
+    cfg: DictConfig, tracker: Tracker
 ) -> tuple[optuna.Study, optuna.storages.BaseStorage]:
+    changes = [str(key) for key in cfg.study.change_settings]
+    check_change_keys(changes)
     url = str(cfg.study.storage)
     heartbeat = Heartbeat.from_config(cfg.study.heartbeat)
     on_stale = StaleTrials(tracker, int(cfg.study.heartbeat.max_retry), heartbeat.grace_period)
@@ -163,10 +165,12 @@ def _create_study(
         study_id = storage.get_study_id_from_name(str(cfg.study.name))
         _refuse_parallel_sqlite(url, storage, study_id)
         previous = len(storage.get_all_trials(study_id, deepcopy=False))
-    # A resumed study must not replay the first invocation's random draws.
-    sampler = SAMPLERS.get(str(cfg.study.sampler))(
-        int(cfg.study.seed) + previous + _worker_salt(url),
-        constraints_func if constraints.active else None,
+    # A resumed study must not replay the first invocation's random draws. The sampler learns
+    # from trained configurations only: another backend's point of a model is a near-duplicate
+    # that would use up its start-up trials.
+    sampler = FilteredSampler(
+        SAMPLERS.get(str(cfg.study.sampler))(int(cfg.study.seed) + previous + _worker_salt(url)),
+        budget.is_configuration,
     )
     study = optuna.create_study(
         study_name=str(cfg.study.name),
@@ -181,6 +185,10 @@ def _create_study(
             f"other objectives; choose another study.name"
         )
     study.set_metric_names(list(OBJECTIVES))
+    changed = settle(study, settings_of(cfg), changes)
+    if any(key.startswith("study.hypervolume_reference") for key in changed):
+        # A curve is only comparable against one reference: it starts again from the new one.
+        study.set_user_attr(REFERENCE_ATTR, None)
     # Trials whose worker died long enough ago are failed and queued again before counting.
     optuna.storages.fail_stale_trials(study)
     state = "Resuming" if resumed else "Created"
@@ -228,13 +236,14 @@ def run_study(
     backends, left_out = runnable_backends(listed, sources or {})
     space = _deploy_only_on(space, backends)
     tracker = Tracker(str(cfg.tracking.uri), str(cfg.tracking.experiment))
-    study, storage = _create_study(cfg, constraints, tracker)
+    study, storage = _create_study(cfg, tracker)
     check_same_space(study, space, sources or {}, left_out)
     n_trials = int(cfg.study.n_trials)
     if _nothing_left(study, n_trials):
         console.budget_reached(study.study_name, n_trials)
-        points = study_points(study, constraints)
-        console.front_summary(study.study_name, points, _failed(study))
+        trials = study.get_trials(deepcopy=False)
+        points = points_of(trials, constraints)
+        console.front_summary(study.study_name, points, failures_of(trials), baseline_of(trials))
         console.review_hint(str(cfg.tracking.uri), tracker.experiment_id, None)
         return points
     protocol_record = {**protocol.record(prefix="latency."), "latency.input_shape": example.shape()}
@@ -259,11 +268,14 @@ def run_study(
         progress = convergence(study, cfg.study.hypervolume_reference, points)
         note = front_note(study.study_name, points, progress, protocol_record)
         tracker.publish_front(parent_id, study.study_name, points, note)
+        trained = budget.trained(trials)
         if progress is not None:
-            tracker.log_metrics(parent_id, progress.metrics(), step=len(trials))
+            tracker.log_metrics(parent_id, progress.metrics(), step=trained)
         # Running trials of every worker count, so the last ones stop without asking for more.
-        if budget.trained(trials) >= n_trials:
+        if trained >= n_trials:
             study.stop()
+        # An interrupt that waited for this trial's records stops the study here.
+        raise_if_interrupted()
 
     train_data = modality.encode(splits.train.items, splits.train.labels)
     with tempfile.TemporaryDirectory(prefix="tuner-inputs-") as inputs_dir:
@@ -309,9 +321,10 @@ def run_study(
         except BaseException:
             tracker.fail(parent_id, "the study stopped on an error; see the terminal")
             raise
-    points = study_points(study, constraints)
+    trials = study.get_trials(deepcopy=False)
+    points = points_of(trials, constraints)
     tracker.finish(parent_id)
-    console.front_summary(study.study_name, points, _failed(study))
+    console.front_summary(study.study_name, points, failures_of(trials), baseline_of(trials))
     console.review_hint(str(cfg.tracking.uri), tracker.experiment_id, parent_id)
     return points
 
@@ -450,21 +463,20 @@ def _run_to_budget(
         trials = study.get_trials(deepcopy=False)
         waiting = any(t.state == TrialState.WAITING for t in trials)
         if waiting or budget.trained(trials) < n_trials:
-            # A failing trial is recorded with its reason; the study goes on.
-            study.optimize(objective, catch=(Exception,), callbacks=[publish])
+            # A failing trial is recorded with its reason; the study goes on. Interrupts wait
+            # while Optuna creates or closes a trial (a trial created but never started would
+            # stay RUNNING with no heartbeat); the objective takes them at once while it trains.
+            with deferred():
+                study.optimize(objective, catch=(Exception,), callbacks=[publish])
             continue
         optuna.storages.fail_stale_trials(study)
         running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
         if study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
             continue
         # Without heartbeats a dead worker's trial would be waited for forever.
-        if not running or not is_heartbeat_enabled(study._storage):
+        if not running or not is_heartbeat_enabled(storage_of(study)):
             return
         if not told:
             console.waiting_for_workers(len(running))
             told = True
         time.sleep(poll_seconds)
-
-
-def _failed(study: optuna.Study) -> int:
-    return len(study.get_trials(deepcopy=False, states=(TrialState.FAIL,)))

@@ -6,9 +6,11 @@ is closed with the right status: FINISHED, FAILED with a `failure_reason` tag, o
 
 from __future__ import annotations
 
+import fcntl
 import socket
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -30,12 +32,34 @@ def _params(values: Mapping[str, Any]) -> list[Param]:
     return [Param(key, str(value)[:_PARAM_LIMIT]) for key, value in values.items()]
 
 
+@contextmanager
+def creating(uri: str) -> Iterator[None]:
+    """Held while a worker opens (and may create) the tracking store. MLflow builds a SQLite
+    store by running its schema migrations; two workers doing that at once in one directory
+    (the default `tracking.uri`) break each other's migration, so on SQLite they take turns
+    under a lock file beside the database. Server stores migrate once, on their side."""
+    if not uri.startswith("sqlite:///"):
+        yield
+        return
+    database = Path(uri.removeprefix("sqlite:///").split("?", 1)[0])
+    if not database.parent.is_dir():
+        yield  # MLflow reports the missing directory itself
+        return
+    with open(f"{database}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 class Tracker:
     def __init__(self, uri: str, experiment: str) -> None:
         mlflow.set_tracking_uri(uri)
-        # Every call rides out a restarting tracking database (see tuner.retries).
-        self.client = RetryingProxy(MlflowClient(uri))
-        self.experiment_id = self._experiment_id(experiment)
+        with creating(uri):
+            # Every call rides out a restarting tracking database (see tuner.retries).
+            self.client = RetryingProxy(MlflowClient(uri))
+            self.experiment_id = self._experiment_id(experiment)
 
     def _experiment_id(self, name: str) -> str:
         found = self.client.get_experiment_by_name(name)

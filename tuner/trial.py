@@ -34,22 +34,22 @@ from tuner.backends import ExampleInputs
 from tuner.budget import TRAINED_IN_ATTR
 from tuner.config import with_params
 from tuner.constraints import (
-    CONSTRAINTS_ATTR,
-    CONSTRAINTS_KEY,
-    REFERENCE_ACCURACY_ATTR,
+    EAGER_ACCURACY_ATTR,
+    Baseline,
     Constraints,
-    best_reference_accuracy,
+    baseline_of,
 )
 from tuner.data.batches import Encoded
 from tuner.deploy import BackendFailed, BackendResult, Reference, deploy_on
 from tuner.edits import apply_edits, resolved_edits
-from tuner.front import MODEL_URI_ATTR, RUN_ID_ATTR, points_of
+from tuner.front import FAILED_BACKEND_ATTR, MODEL_URI_ATTR, RUN_ID_ATTR, points_of
 from tuner.latency import LatencyProtocol
 from tuner.modalities import Modality
 from tuner.models import build_model
+from tuner.optuna_compat import trial_id_of
 from tuner.pareto import pareto_mask
 from tuner.recipe import ModelRecipe
-from tuner.recovery import raise_if_interrupted, requeue
+from tuner.recovery import deferred, immediate, raise_if_interrupted, requeue
 from tuner.retrain import retrain_command, retrain_overrides
 from tuner.serving import PointSpec, deploy_config, log_point_model
 from tuner.space import SearchSpace
@@ -59,6 +59,8 @@ from tuner.training import TrainResult, batch_loss, initialise_new_layers, train
 BACKEND_KEY = "deploy.backend"
 # Optuna user attribute: what the trial's relative edits stand for (`model.ffn_width`: 1024).
 ARCHITECTURE_ATTR = "architecture"
+# Optuna user attribute of every point: the configuration it belongs to (`budget.configuration_of`).
+CONFIGURATION_ATTR = "configuration"
 
 _SUGGEST = {
     FloatDistribution: lambda trial, name, d: trial.suggest_float(
@@ -173,8 +175,11 @@ class _Trained:
     architecture: dict[str, Any]
     result: TrainResult
     reference: Reference
-    # The best eager accuracy in the study once this model exists, for the accuracy constraint.
-    best_reference_accuracy: float
+    # The configuration (`budget.configuration_of`) and the trial that trained it this time.
+    configuration: int
+    trained_in: int
+    # The study's baseline once this model exists: every point of it is judged against it.
+    baseline: Baseline
 
 
 class Objective:
@@ -193,14 +198,19 @@ class Objective:
             raise optuna.TrialPruned(f"study.n_trials={ctx.n_trials} already reached")
         # Set first, so that other workers count this trial from now on.
         trial.set_user_attr(TRAINED_IN_ATTR, trial.number)
+        configuration = budget.configuration_of(ctx.storage.get_trial(trial_id_of(trial)))
+        trial.set_user_attr(CONFIGURATION_ATTR, configuration)
         try:
-            return self._run(trial, done + 1)
+            return self._run(trial, done + 1, configuration)
         except KeyboardInterrupt:
-            self._interrupted(trial)
+            with deferred():
+                self._interrupted(trial)
             raise
 
-    def _run(self, trial: optuna.Trial, index: int) -> tuple[float, float]:
+    def _run(self, trial: optuna.Trial, index: int, configuration: int) -> tuple[float, float]:
         ctx = self.context
+        # An interrupt that waited while Optuna created this trial stops it before any run.
+        raise_if_interrupted()
         params = suggest(trial, ctx.space.distributions)
         cfg = with_params(ctx.cfg, params)
         own_backend = str(cfg.deploy.backend)
@@ -218,11 +228,18 @@ class Objective:
         trial.set_user_attr(RUN_ID_ATTR, run_id)
         trial.set_user_attr(BACKEND_KEY, own_backend)
         trial.set_user_attr(ARCHITECTURE_ATTR, architecture)
+        # A retry of this configuration (after an interrupt or a dead worker) deploys only on
+        # the backends that have no point of it yet.
+        recorded = self._recorded_backends(configuration, trial.number)
+        backends = [own_backend] + [b for b in ctx.backends if b not in recorded | {own_backend}]
         # Every backend's artifact stays here until the points that join the front are logged.
         with tempfile.TemporaryDirectory(prefix="tuner-trial-") as workdir:
             try:
-                trained = self._train(cfg, params, architecture, run_id, trial)
-                results = self._deploy_everywhere(trained, own_backend, cfg, Path(workdir))
+                # Interrupts stop training and deploying at once; the points are then written
+                # whole (the caller holds interrupts back meanwhile).
+                with immediate():
+                    trained = self._train(cfg, params, architecture, run_id, trial, configuration)
+                    results = self._deploy_everywhere(trained, backends, cfg, Path(workdir))
             except Exception as exc:
                 self._fail(trial, run_id, exc)
                 raise
@@ -231,13 +248,27 @@ class Objective:
                 if backend != own_backend:
                     self._add_point(trial, trained, result, backend in on_front)
             own = results[own_backend]
-            self._record(
-                trial.set_user_attr, run_id, trial.number, trained, own, own_backend in on_front
+            constraints = self._record(
+                trial.set_user_attr, run_id, trained, own, own_backend in on_front
             )
+            for name, value in constraints.items():
+                trial.set_constraint(name, value)
         if own.error:
             raise BackendFailed(f"backend {own_backend}: {own.error}")
         ctx.tracker.finish(run_id)
         return own.val_accuracy, own.metrics()["latency_ms_p50"]
+
+    def _recorded_backends(self, configuration: int, number: int) -> set[str]:
+        """Backends that already have a point (complete or failed) of `configuration`, made
+        by an earlier attempt at it."""
+        return {
+            str(t.user_attrs.get(BACKEND_KEY))
+            for t in self.context.study_trials()
+            if t.number != number
+            and t.user_attrs.get(CONFIGURATION_ATTR) == configuration
+            and t.user_attrs.get(TRAINED_IN_ATTR) != t.number
+            and t.state in (TrialState.COMPLETE, TrialState.FAIL)
+        }
 
     def _logged_params(self, params: Mapping[str, Any], backend: str) -> dict[str, Any]:
         ctx = self.context
@@ -255,6 +286,7 @@ class Objective:
         architecture: dict[str, Any],
         run_id: str,
         trial: optuna.Trial,
+        configuration: int,
     ) -> _Trained:
         ctx = self.context
         model = ctx.factory.build(cfg.model, int(cfg.train.seed))
@@ -282,16 +314,24 @@ class Objective:
                 on_epoch=log_epoch,
             )
         reference = Reference(result.val_logits, ctx.val_data.labels)
-        trial.set_user_attr(REFERENCE_ACCURACY_ATTR, reference.accuracy)
-        # Read once per trained model: every backend's point is judged against the same best.
-        best = best_reference_accuracy(ctx.study_trials()) if ctx.constraints.active else math.nan
-        return _Trained(model, params, architecture, result, reference, best)
+        trial.set_user_attr(EAGER_ACCURACY_ATTR, reference.accuracy)
+        # Read once per trained model: every backend's point is judged against the same one.
+        baseline = baseline_of(ctx.study_trials(), Baseline(reference.accuracy, trial.number))
+        return _Trained(
+            model,
+            params,
+            architecture,
+            result,
+            reference,
+            configuration,
+            trial.number,
+            baseline,
+        )
 
     def _deploy_everywhere(
-        self, trained: _Trained, own_backend: str, cfg: DictConfig, workdir: Path
+        self, trained: _Trained, backends: Sequence[str], cfg: DictConfig, workdir: Path
     ) -> dict[str, BackendResult]:
         ctx = self.context
-        backends = [own_backend] + [b for b in ctx.backends if b != own_backend]
         recipe = ModelRecipe.of(cfg.model, ctx.factory.num_labels)
         results = {}
         for backend in backends:
@@ -319,7 +359,7 @@ class Objective:
         ctx = self.context
 
         def feasible(accuracy: float, latency: float) -> bool:
-            return ctx.constraints.feasible(accuracy, latency, trained.best_reference_accuracy)
+            return ctx.constraints.feasible(accuracy, latency, trained.baseline)
 
         existing = [
             (p.val_accuracy, p.latency_ms_p50)
@@ -339,41 +379,47 @@ class Objective:
         self,
         set_attr,
         run_id: str,
-        trained_in: int,
         trained: _Trained,
         result: BackendResult,
         log_model: bool,
-    ) -> None:
-        """Metrics and attributes of one point, whether the trial's own or an added one."""
+    ) -> dict[str, float]:
+        """Metrics and attributes of one point, whether the trial's own or an added one;
+        returns its constraint values (none for a failed point), for its trial."""
         ctx = self.context
         params = {**trained.params, BACKEND_KEY: result.backend}
         overrides = retrain_overrides(
             ctx.serving.overrides,
             params,
             ctx.serving.study_name,
-            trained_in,
+            f"{trained.trained_in}-{result.backend}",
             ctx.serving.profile_keys,
         )
         ctx.tracker.set_tags(run_id, {"tuner.retrain": retrain_command(overrides)})
+        set_attr(CONFIGURATION_ATTR, trained.configuration)
         if result.error:
             reason = f"backend {result.backend}: {result.error}"
             set_attr("fail_reason", reason)
+            set_attr(FAILED_BACKEND_ATTR, result.backend)
             ctx.tracker.fail(run_id, reason)
-            return
+            return {}
         metrics = result.metrics()
         for name in ("latency_ms_p95", "model_size_mb", "agreement_with_eager"):
             set_attr(name, metrics[name])
-        constraints = ctx.constraints.values(
-            result.val_accuracy, metrics["latency_ms_p50"], trained.best_reference_accuracy
-        )
-        set_attr(CONSTRAINTS_ATTR, constraints)
         final = {**metrics, "train_seconds": trained.result.seconds}
         ctx.tracker.log_metrics(run_id, final, step=len(trained.result.epochs))
         if log_model:
-            self._log_model(set_attr, run_id, result, overrides)
+            self._log_model(set_attr, run_id, result, overrides, params)
+        return ctx.constraints.values(
+            result.val_accuracy, metrics["latency_ms_p50"], trained.baseline
+        )
 
     def _log_model(
-        self, set_attr, run_id: str, result: BackendResult, overrides: list[str]
+        self,
+        set_attr,
+        run_id: str,
+        result: BackendResult,
+        overrides: list[str],
+        params: Mapping[str, Any],
     ) -> None:
         """Log the point's deployable model; a failure is recorded and the point kept."""
         ctx = self.context
@@ -382,7 +428,8 @@ class Objective:
             backend=result.backend,
             modality=ctx.serving.modality.name,
             label_names=ctx.serving.label_names,
-            deploy=deploy_config(ctx.cfg),
+            # The deploy settings this point was made with, searched `deploy.*` keys included.
+            deploy=deploy_config(with_params(ctx.cfg, params)),
         )
         try:
             uri = log_point_model(
@@ -423,10 +470,10 @@ class Objective:
             RUN_ID_ATTR: run_id,
             BACKEND_KEY: result.backend,
             TRAINED_IN_ATTR: trial.number,
-            REFERENCE_ACCURACY_ATTR: trained.reference.accuracy,
+            EAGER_ACCURACY_ATTR: trained.reference.accuracy,
             ARCHITECTURE_ATTR: trained.architecture,
         }
-        self._record(user_attrs.__setitem__, run_id, trial.number, trained, result, log_model)
+        constraints = self._record(user_attrs.__setitem__, run_id, trained, result, log_model)
         distributions = {name: d for name, d in ctx.space.distributions.items() if name in params}
         point = optuna.trial.create_trial(
             state=TrialState.FAIL if result.error else TrialState.COMPLETE,
@@ -436,10 +483,9 @@ class Objective:
             params={name: params[name] for name in distributions},
             distributions=distributions,
             user_attrs=user_attrs,
-            system_attrs={}
-            if result.error or not ctx.constraints.active
-            else {CONSTRAINTS_KEY: tuple(user_attrs[CONSTRAINTS_ATTR])},
         )
+        for name, value in constraints.items():
+            point.set_constraint(name, value)
         number = ctx.add_trial(point)
         ctx.tracker.set_trial_number(run_id, number, result.backend)
         if not result.error:
@@ -450,7 +496,7 @@ class Objective:
         ctx = self.context
         reason = "interrupted (Ctrl-C or SIGTERM); queued again with the same params"
         ctx.tracker.close_abandoned(str(ctx.cfg.study.name), trial.number, reason, "KILLED")
-        frozen = ctx.storage.get_trial(trial._trial_id)
+        frozen = ctx.storage.get_trial(trial_id_of(trial))
         requeue(ctx.storage, ctx.study_id, frozen, ctx.max_retry)
 
     def _fail(self, trial: optuna.Trial, run_id: str, exc: Exception) -> None:

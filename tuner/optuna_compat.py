@@ -1,0 +1,112 @@
+"""Every use of Optuna's private API, in one place: an Optuna upgrade is checked here, and by
+`tests/test_optuna_compat.py`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Container, Sequence
+from typing import Any
+
+import optuna
+from optuna.distributions import BaseDistribution
+from optuna.samplers import BaseSampler
+from optuna.storages._heartbeat import BaseHeartbeat, is_heartbeat_enabled  # noqa: F401
+from optuna.trial import FrozenTrial, TrialState
+
+
+def storage_of(study: optuna.Study) -> optuna.storages.BaseStorage:
+    return study._storage
+
+
+def study_id_of(study: optuna.Study) -> int:
+    return study._study_id
+
+
+def trial_id_of(trial: optuna.Trial | FrozenTrial) -> int:
+    return trial._trial_id
+
+
+def stale_trial_ids(storage: optuna.storages.RDBStorage, study_id: int) -> list[int]:
+    """Running trials whose heartbeat lapsed; Optuna keeps this comparison inside the storage."""
+    return list(storage._get_stale_trial_ids(study_id))
+
+
+class _StudyView:
+    """A study as a sampler sees it: only the trials `keep` accepts. Samplers read trials
+    through `_get_trials` (cached) or `get_trials`; everything else goes to the study."""
+
+    def __init__(self, study: optuna.Study, keep: Callable[[FrozenTrial], bool]) -> None:
+        self._study = study
+        self._keep = keep
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._study, name)
+
+    def _get_trials(
+        self,
+        deepcopy: bool = True,
+        states: Container[TrialState] | None = None,
+        use_cache: bool = False,
+    ) -> list[FrozenTrial]:
+        trials = self._study._get_trials(deepcopy=deepcopy, states=states, use_cache=use_cache)
+        return [t for t in trials if self._keep(t)]
+
+    def get_trials(
+        self, deepcopy: bool = True, states: Container[TrialState] | None = None
+    ) -> list[FrozenTrial]:
+        return self._get_trials(deepcopy, states, use_cache=False)
+
+    @property
+    def trials(self) -> list[FrozenTrial]:
+        return self.get_trials()
+
+
+class FilteredSampler(BaseSampler):
+    """A sampler that learns only from the trials `keep` accepts (its start-up count included);
+    the study itself keeps all of them."""
+
+    def __init__(self, inner: BaseSampler, keep: Callable[[FrozenTrial], bool]) -> None:
+        self.inner = inner
+        self.keep = keep
+
+    def _view(self, study: optuna.Study) -> Any:
+        return _StudyView(study, self.keep)
+
+    def infer_relative_search_space(
+        self, study: optuna.Study, trial: FrozenTrial
+    ) -> dict[str, BaseDistribution]:
+        return self.inner.infer_relative_search_space(self._view(study), trial)
+
+    def sample_relative(
+        self,
+        study: optuna.Study,
+        trial: FrozenTrial,
+        search_space: dict[str, BaseDistribution],
+    ) -> dict[str, Any]:
+        return self.inner.sample_relative(self._view(study), trial, search_space)
+
+    def sample_independent(
+        self,
+        study: optuna.Study,
+        trial: FrozenTrial,
+        param_name: str,
+        param_distribution: BaseDistribution,
+    ) -> Any:
+        return self.inner.sample_independent(
+            self._view(study), trial, param_name, param_distribution
+        )
+
+    def before_trial(self, study: optuna.Study, trial: FrozenTrial) -> None:
+        self.inner.before_trial(self._view(study), trial)
+
+    def after_trial(
+        self,
+        study: optuna.Study,
+        trial: FrozenTrial,
+        state: TrialState,
+        values: Sequence[float] | None,
+    ) -> None:
+        self.inner.after_trial(self._view(study), trial, state, values)
+
+    def reseed_rng(self) -> None:
+        self.inner.reseed_rng()

@@ -1,0 +1,172 @@
+"""The settings that shape a study's results, kept in the study itself.
+
+Constraints, the data source and split, the latency protocol, the hypervolume reference and the
+objectives decide what the front is. They are stored in the study (an Optuna user attribute)
+when it is created, so a resume, another worker and `python -m tuner.report` all read the same
+ones instead of today's command line. A run whose settings contradict the stored ones is
+refused, naming the key and both values; `study.change_settings=[KEY, ...]` takes the new value
+of those keys (or of every key under a prefix such as `data`) deliberately, and records the
+change in the study (`settings_changes`: key, old and new value, when, after how many trials).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+from collections.abc import Collection, Mapping
+from typing import Any
+
+import optuna
+from omegaconf import DictConfig, OmegaConf
+
+from tuner import console
+from tuner.errors import ConfigError
+
+# Every study's objectives, in Optuna's order.
+OBJECTIVES = {"val_accuracy": "maximize", "latency_ms_p50": "minimize"}
+SETTINGS_ATTR = "settings"
+CHANGES_ATTR = "settings_changes"
+CHANGE_KEY = "study.change_settings"
+# The config nodes whose values shape the results; a dotted key stands for its whole subtree.
+SHAPING = (
+    "study.max_accuracy_drop",
+    "study.latency_budget_ms",
+    "study.hypervolume_reference",
+    "data",
+    "deploy.latency",
+)
+# Where a file is cached changes nothing it holds.
+_NOT_SHAPING = frozenset({"data.cache_dir"})
+_ABSENT = "<absent>"
+
+
+def settings_of(cfg: DictConfig) -> dict[str, Any]:
+    """The shaping settings of `cfg` as dotted keys (`data.split_seed`: 0), and the objectives
+    (name -> direction)."""
+    flat: dict[str, Any] = {}
+    for key in SHAPING:
+        node = OmegaConf.select(cfg, key)
+        value = OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
+        _flatten(key, value, flat)
+    flat["objectives"] = dict(OBJECTIVES)
+    return {key: value for key, value in flat.items() if key not in _NOT_SHAPING}
+
+
+def _flatten(prefix: str, value: Any, into: dict[str, Any]) -> None:
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _flatten(f"{prefix}.{key}", item, into)
+    else:
+        into[prefix] = value
+
+
+def check_change_keys(keys: Collection[str]) -> None:
+    """Each key of `study.change_settings` names a shaping setting or a node above some."""
+    for key in keys:
+        if not any(_covered(key, [shaping]) or _covered(shaping, [key]) for shaping in SHAPING):
+            raise ConfigError(
+                f"Invalid config: key '{CHANGE_KEY}': {key!r} is not a study setting; the "
+                f"settings are {', '.join(SHAPING)} and the keys under them"
+            )
+
+
+def _covered(key: str, prefixes: Collection[str]) -> bool:
+    return any(key == p or key.startswith(f"{p}.") for p in prefixes)
+
+
+def differences(stored: Mapping[str, Any], given: Mapping[str, Any]) -> list[str]:
+    return sorted(
+        key
+        for key in set(stored) | set(given)
+        if stored.get(key, _ABSENT) != given.get(key, _ABSENT)
+    )
+
+
+def contradiction(study_name: str, key: str, stored: Any, given: Any, hint: str) -> ConfigError:
+    return ConfigError(
+        f"Invalid config: key '{key}': study '{study_name}' was created with "
+        f"{key}={_shown(stored)}, this command gives {key}={_shown(given)}; {hint}"
+    )
+
+
+def _shown(value: Any) -> str:
+    # As a command line would spell it: null, 0.02, "csv".
+    return _ABSENT if value is _ABSENT else json.dumps(value)
+
+
+def settle(study: optuna.Study, given: Mapping[str, Any], changes: Collection[str]) -> list[str]:
+    """Store `given` in a new study; in an existing one, refuse a contradiction unless its key
+    is in `changes`, and record each change taken. Returns the keys changed."""
+    stored = study.user_attrs.get(SETTINGS_ATTR)
+    if stored is None:
+        # A new study, or one made before settings were stored: from now on these hold.
+        study.set_user_attr(SETTINGS_ATTR, dict(given))
+        return []
+    changed = differences(stored, given)
+    for key in changed:
+        if key == "objectives" or not _covered(key, changes):
+            raise contradiction(
+                study.study_name,
+                key,
+                stored.get(key, _ABSENT),
+                given.get(key, _ABSENT),
+                f"use the study's value, or set {CHANGE_KEY}=[{key}] to change it on purpose "
+                "(the change is recorded in the study), or start another study.name",
+            )
+    if not changed:
+        return []
+    now = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    trials = len(study.get_trials(deepcopy=False))
+    records = [
+        {
+            "key": key,
+            "from": stored.get(key, _ABSENT),
+            "to": given.get(key, _ABSENT),
+            "at": now,
+            "after_trials": trials,
+        }
+        for key in changed
+    ]
+    for record in records:
+        console.console.print(
+            f"[yellow]Study setting {record['key']} changed from {_shown(record['from'])} to "
+            f"{_shown(record['to'])} ({CHANGE_KEY}); recorded in the study.[/]"
+        )
+    study.set_user_attr(CHANGES_ATTR, [*study.user_attrs.get(CHANGES_ATTR, []), *records])
+    study.set_user_attr(SETTINGS_ATTR, dict(given))
+    return changed
+
+
+def stored_settings(study: optuna.Study) -> dict[str, Any] | None:
+    return study.user_attrs.get(SETTINGS_ATTR)
+
+
+def typed_contradiction(
+    study_name: str, stored: Mapping[str, Any], given: Mapping[str, Any], typed: Collection[str]
+) -> ConfigError | None:
+    """For a command that reads a study (the report): the first stored setting that a key
+    typed on its command line (or a group such as `data=csv`) gives another value."""
+    for key in differences(stored, given):
+        if _covered(key, typed):
+            return contradiction(
+                study_name,
+                key,
+                stored.get(key, _ABSENT),
+                given.get(key, _ABSENT),
+                "the study's own settings are used; leave the key off this command",
+            )
+    return None
+
+
+def subtree(settings: Mapping[str, Any], prefix: str) -> dict[str, Any]:
+    """The nested config under `prefix` (`data`) rebuilt from dotted settings."""
+    nested: dict[str, Any] = {}
+    for key, value in settings.items():
+        if not key.startswith(f"{prefix}."):
+            continue
+        node = nested
+        *parents, leaf = key.removeprefix(f"{prefix}.").split(".")
+        for parent in parents:
+            node = node.setdefault(parent, {})
+        node[leaf] = value
+    return nested
