@@ -70,6 +70,23 @@ def _assert_one_training_per_config(study: optuna.Study, trainings: int) -> None
             )
 
 
+def _assert_each_trial_carries_its_model_s_largest_area(study: optuna.Study) -> None:
+    """What the sampler learns from: the point of the model whose rectangle up to the study's
+    hypervolume reference is largest (no constraints here, so every point counts)."""
+    worst_accuracy, worst_latency = study.user_attrs["hypervolume_reference"]
+    complete = study.get_trials(states=(TrialState.COMPLETE,))
+    for trial in complete:
+        if trial.user_attrs["trained_in_trial"] != trial.number:
+            continue
+        points = [t for t in complete if t.user_attrs["trained_in_trial"] == trial.number]
+        areas = {
+            t.params["deploy.backend"]: max(t.values[0] - worst_accuracy, 0.0)
+            * max(worst_latency - t.values[1], 0.0)
+            for t in points
+        }
+        assert areas[trial.params["deploy.backend"]] == max(areas.values())
+
+
 @pytest.mark.slow
 def test_smoke_study_end_to_end_and_resume(tmp_path):
     result = run_cli(tmp_path, *SMOKE)
@@ -96,6 +113,7 @@ def test_smoke_study_end_to_end_and_resume(tmp_path):
     assert all(set(t.params) == TRAINING_PARAMS | {"deploy.backend"} for t in complete)
     assert study.metric_names == ["val_accuracy", "latency_ms_p50"]
     _assert_one_training_per_config(study, trainings=2)
+    _assert_each_trial_carries_its_model_s_largest_area(study)
 
     client, parents, children = _mlflow(tmp_path)
     assert len(parents) == 1 and len(children) == len(complete)
@@ -178,6 +196,12 @@ def test_failing_backend_keeps_the_other_points(tmp_path):
         b for b in BACKENDS if b.startswith("onnxruntime")
     }
     assert "opset" in statuses["onnxruntime"].data.tags["failure_reason"].lower()
+    # Failed points, not a failed trial: the trial completes with another backend's point.
+    assert study.trials[0].state == TrialState.COMPLETE
+    assert not study.trials[0].params["deploy.backend"].startswith("onnxruntime")
+    failed = sum(b.startswith("onnxruntime") for b in BACKENDS)
+    assert f"{failed} point(s) failed on their backend" in result.stdout
+    assert "trial(s) failed" not in result.stdout
 
 
 # oneDNN capped below its bf16 kernels, as on a CPU without native bf16 (AVX2-only machines).
@@ -329,7 +353,9 @@ def test_diverging_trials_are_failed_with_reason_and_the_study_goes_on(tmp_path)
     )
     result = run_cli(tmp_path, "--config-dir", config_dir, "+experiment=mine", "debug=smoke")
     assert "Data: 160 train / 20 validation examples, labels ['0', '1']" in result.stdout
-    assert "2 failed trial(s)" in result.stdout
+    # Training failed, so no point exists: failed trials, not failed points.
+    assert "2 trial(s) failed before any point" in result.stdout
+    assert "point(s) failed on their backend" not in result.stdout
     assert result.returncode == 0, result.stderr
     study = _study(tmp_path, "mine-smoke")
     assert [t.state for t in study.trials] == [TrialState.FAIL, TrialState.FAIL]

@@ -16,6 +16,9 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 TRAINED_IN_ATTR = "trained_in_trial"
+# Every listed backend is deployed, so the backend is no part of a configuration: a trial
+# records the one whose point it carries, and a retry decides that again.
+BACKEND_KEY = "deploy.backend"
 SKIPPED_ATTR = "skipped"
 # Optuna's heartbeat retry records the numbers a trial retries under this system attribute;
 # tuner's own retries (after Ctrl-C or SIGTERM) use the same one.
@@ -52,11 +55,13 @@ def trained(trials: Sequence[FrozenTrial], before: int | None = None) -> int:
 
 
 def retry_template(trial: FrozenTrial) -> FrozenTrial:
-    """A queued copy of `trial` with its params, recording which trial it retries."""
+    """A queued copy of `trial` with its configuration's params, recording which trial it
+    retries."""
     history = [*trial.system_attrs.get(RETRY_HISTORY, []), trial.number]
+    params = {name: value for name, value in trial.params.items() if name != BACKEND_KEY}
     return optuna.trial.create_trial(
         state=TrialState.WAITING,
-        params=trial.params,
-        distributions=trial.distributions,
+        params=params,
+        distributions={name: trial.distributions[name] for name in params},
         system_attrs={"failed_trial": history[0], RETRY_HISTORY: history},
     )

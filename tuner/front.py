@@ -10,7 +10,7 @@ import optuna
 import pandas as pd
 
 from tuner.budget import retried_numbers
-from tuner.constraints import Constraints, baseline_of
+from tuner.constraints import Baseline, Constraints, baseline_of
 from tuner.pareto import pareto_mask
 
 if TYPE_CHECKING:
@@ -135,6 +135,7 @@ def front_note(
     points: list[Point],
     progress: Convergence | None,
     protocol: Mapping[str, Any],
+    baseline: Baseline,
 ) -> str:
     """The parent run's description in MLflow: the front and how its latency was measured."""
     front = sorted((p for p in points if p.pareto), key=lambda p: p.latency_ms_p50)
@@ -161,6 +162,7 @@ def front_note(
             for p in front
         ]
         lines.append("")
+    lines += [f"Feasibility and accuracy drops are against {baseline.describe()}.", ""]
     lines.append(
         "Latency protocol: "
         + ", ".join(f"{key.removeprefix('latency.')}={value}" for key, value in protocol.items())

@@ -113,8 +113,9 @@ def study_settings(
     constraints = Constraints(
         stored.get("study.max_accuracy_drop"), stored.get("study.latency_budget_ms")
     )
-    # Where the dataset is cached is this machine's business; what it holds is the study's.
-    data_cfg = OmegaConf.create({**subtree(stored, "data"), "cache_dir": cfg.data.cache_dir})
+    # Where a dataset is cached is this machine's business; what it holds is the study's.
+    cache = {"cache_dir": cfg.data.cache_dir} if "cache_dir" in cfg.data else {}
+    data_cfg = OmegaConf.create({**subtree(stored, "data"), **cache})
     return constraints, data_cfg
 
 
@@ -198,6 +199,14 @@ def report(args: argparse.Namespace) -> int:
     point = recommend(points, rule, baseline)
     if point is None:
         console.console.print(f"[red]No point of the front is {rule.describe()}.[/]")
+        front = [p for p in points if p.pareto]
+        if front and rule.max_accuracy_drop is not None:
+            best = max(front, key=lambda p: p.val_accuracy)
+            console.console.print(
+                f"The front's most accurate point is #{best.trial_number} at "
+                f"{best.val_accuracy:.4f}, {100 * (baseline.accuracy - best.val_accuracy):.1f} "
+                f"point(s) below {baseline.describe()}: a larger --max-accuracy-drop reaches it."
+            )
         return 1
     console.recommendation(point, rule.describe())
     if point.model_uri is None:

@@ -266,7 +266,7 @@ def run_study(
         trials = study.get_trials(deepcopy=False)
         points = points_of(trials, constraints)
         progress = convergence(study, cfg.study.hypervolume_reference, points)
-        note = front_note(study.study_name, points, progress, protocol_record)
+        note = front_note(study.study_name, points, progress, protocol_record, baseline_of(trials))
         tracker.publish_front(parent_id, study.study_name, points, note)
         trained = budget.trained(trials)
         if progress is not None:
@@ -375,8 +375,8 @@ def _described(reasons: Mapping[str, str]) -> str:
 
 
 def _deploy_only_on(space: SearchSpace, backends: Sequence[str]) -> SearchSpace:
-    """The search space with `deploy.backend` drawn from the runnable backends only, so that no
-    trial's own point is one this machine cannot deploy."""
+    """The search space with `deploy.backend` listing the runnable backends only: the
+    distribution the backend param of every point is recorded under."""
     if not isinstance(space.distributions.get(BACKEND_KEY), CategoricalDistribution):
         return space
     narrowed = CategoricalDistribution(list(backends))

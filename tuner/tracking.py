@@ -90,11 +90,12 @@ class Tracker:
         parent_id: str,
         study_name: str,
         trial_number: int | None,
-        backend: str,
+        backend: str | None,
         params: Mapping[str, Any],
         trained_in_trial: int,
     ) -> str:
-        """A child run for one point; a point added after its trial gets its number later.
+        """A child run for one point; a point added after its trial gets its number later, and
+        a trial's own run its backend once the model is deployed (`set_backend`).
 
         `trained_in_trial` names the trial whose training produced the model, shared by every
         backend's point of that model.
@@ -102,16 +103,22 @@ class Tracker:
         tags = {
             "mlflow.parentRunId": parent_id,
             "optuna.study": study_name,
-            "deploy.backend": backend,
             "pareto": "false",
             "tuner.role": "trial",
             "tuner.trained_in_trial": str(trained_in_trial),
         }
         run = self.client.create_run(self.experiment_id, tags=tags)
-        if trial_number is not None:
-            self.set_trial_number(run.info.run_id, trial_number, backend)
         self.client.log_batch(run.info.run_id, params=_params(params))
+        if backend is not None:
+            self.set_backend(run.info.run_id, trial_number, backend)
         return run.info.run_id
+
+    def set_backend(self, run_id: str, trial_number: int | None, backend: str) -> None:
+        self.client.set_tag(run_id, "deploy.backend", backend)
+        if "deploy.backend" not in self.client.get_run(run_id).data.params:
+            self.client.log_param(run_id, "deploy.backend", backend)
+        if trial_number is not None:
+            self.set_trial_number(run_id, trial_number, backend)
 
     def set_trial_number(self, run_id: str, trial_number: int, backend: str) -> None:
         self.client.set_tag(run_id, "optuna.trial_number", str(trial_number))

@@ -1,9 +1,12 @@
 """One trial: sample, build, edit, initialise, train once, then deploy on every backend.
 
-The trial itself is the point of its sampled (or configured) backend. Each other listed backend
-becomes a point of its own: an Optuna trial added to the study with the same training params
-and that backend, so the sampler, the front and MLflow all see one point per
-(trained config, backend) while the model is trained only once.
+Every listed backend is deployed; none is sampled. The trial carries its configuration's
+representative point (`_representative`: the one that dominates the most area against the
+study's hypervolume reference), which is what the sampler learns from; each other backend
+becomes a point of its own, an Optuna trial added to the study with the same training params
+and that backend, so the front and MLflow see one point per (trained config, backend) while the
+model is trained only once. A backend that fails is a failed point; the trial fails only when
+no backend deployed the model.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from torch import nn
 
 from tuner import budget, console
 from tuner.backends import ExampleInputs
-from tuner.budget import TRAINED_IN_ATTR
+from tuner.budget import BACKEND_KEY, TRAINED_IN_ATTR
 from tuner.config import with_params
 from tuner.constraints import (
     EAGER_ACCURACY_ATTR,
@@ -39,6 +42,7 @@ from tuner.constraints import (
     Constraints,
     baseline_of,
 )
+from tuner.convergence import REFERENCE_ATTR
 from tuner.data.batches import Encoded
 from tuner.deploy import BackendFailed, BackendResult, Reference, deploy_on
 from tuner.edits import apply_edits, resolved_edits
@@ -47,7 +51,7 @@ from tuner.latency import LatencyProtocol
 from tuner.modalities import Modality
 from tuner.models import build_model
 from tuner.optuna_compat import trial_id_of
-from tuner.pareto import pareto_mask
+from tuner.pareto import hypervolume, pareto_mask
 from tuner.recipe import ModelRecipe
 from tuner.recovery import deferred, immediate, raise_if_interrupted, requeue
 from tuner.retrain import retrain_command, retrain_overrides
@@ -56,7 +60,6 @@ from tuner.space import SearchSpace
 from tuner.tracking import Tracker
 from tuner.training import TrainResult, batch_loss, initialise_new_layers, train
 
-BACKEND_KEY = "deploy.backend"
 # Optuna user attribute: what the trial's relative edits stand for (`model.ffn_width`: 1024).
 ARCHITECTURE_ATTR = "architecture"
 # Optuna user attribute of every point: the configuration it belongs to (`budget.configuration_of`).
@@ -211,9 +214,9 @@ class Objective:
         ctx = self.context
         # An interrupt that waited while Optuna created this trial stops it before any run.
         raise_if_interrupted()
-        params = suggest(trial, ctx.space.distributions)
+        sampled = {k: d for k, d in ctx.space.distributions.items() if k != BACKEND_KEY}
+        params = suggest(trial, sampled)
         cfg = with_params(ctx.cfg, params)
-        own_backend = str(cfg.deploy.backend)
         console.trial_header(index, ctx.n_trials, trial.number, params)
         # What relative edits (fractions of the loaded model) stand for, recorded beside them.
         architecture = ctx.factory.architecture(cfg.model, int(cfg.train.seed))
@@ -221,17 +224,16 @@ class Objective:
             ctx.parent_run_id,
             str(cfg.study.name),
             trial.number,
-            own_backend,
-            self._logged_params({**params, **architecture}, own_backend),
+            None,
+            self._logged_params({**params, **architecture}),
             trained_in_trial=trial.number,
         )
         trial.set_user_attr(RUN_ID_ATTR, run_id)
-        trial.set_user_attr(BACKEND_KEY, own_backend)
         trial.set_user_attr(ARCHITECTURE_ATTR, architecture)
         # A retry of this configuration (after an interrupt or a dead worker) deploys only on
         # the backends that have no point of it yet.
         recorded = self._recorded_backends(configuration, trial.number)
-        backends = [own_backend] + [b for b in ctx.backends if b not in recorded | {own_backend}]
+        backends = [b for b in ctx.backends if b not in recorded] or list(ctx.backends)
         # Every backend's artifact stays here until the points that join the front are logged.
         with tempfile.TemporaryDirectory(prefix="tuner-trial-") as workdir:
             try:
@@ -243,20 +245,78 @@ class Objective:
             except Exception as exc:
                 self._fail(trial, run_id, exc)
                 raise
+            own_backend = self._representative(results, trained)
             on_front = self._joining_front(results, trained)
             for backend, result in results.items():
                 if backend != own_backend:
                     self._add_point(trial, trained, result, backend in on_front)
+            if own_backend is None:
+                failed = BackendFailed(
+                    "no backend deployed the model: "
+                    + "; ".join(f"{b}: {r.error}" for b, r in results.items())
+                )
+                self._fail(trial, run_id, failed)
+                raise failed
+            self._own_backend(trial, run_id, own_backend)
             own = results[own_backend]
             constraints = self._record(
                 trial.set_user_attr, run_id, trained, own, own_backend in on_front
             )
             for name, value in constraints.items():
                 trial.set_constraint(name, value)
-        if own.error:
-            raise BackendFailed(f"backend {own_backend}: {own.error}")
         ctx.tracker.finish(run_id)
         return own.val_accuracy, own.metrics()["latency_ms_p50"]
+
+    def _representative(
+        self, results: Mapping[str, BackendResult], trained: _Trained
+    ) -> str | None:
+        """The backend whose point the trial carries, for the sampler: of the model's feasible
+        points (all of them when none is feasible), the one that alone dominates the most area
+        against the study's hypervolume reference; the earlier listed on ties. None when every
+        backend failed."""
+        ctx = self.context
+        points = {
+            backend: (result.val_accuracy, result.metrics()["latency_ms_p50"])
+            for backend, result in results.items()
+            if not result.error
+        }
+        if not points:
+            return None
+        feasible = {
+            backend: point
+            for backend, point in points.items()
+            if ctx.constraints.feasible(*point, trained.baseline)
+        }
+        pool = feasible or points
+        stored = ctx.storage.get_study_user_attrs(ctx.study_id).get(REFERENCE_ATTR)
+        configured = ctx.cfg.study.hypervolume_reference
+        if stored is not None:
+            reference = (float(stored[0]), float(stored[1]))
+        else:
+            # What the study fixes when its first front is published.
+            latency = configured.latency_ms_p50
+            slowest = max(latency_ms for _, latency_ms in points.values())
+            reference = (
+                float(configured.val_accuracy),
+                2.0 * slowest if latency is None else float(latency),
+            )
+        order = list(results)
+
+        def area(backend: str) -> tuple[float, int]:
+            return hypervolume([pool[backend]], reference), -order.index(backend)
+
+        return max(pool, key=area)
+
+    def _own_backend(self, trial: optuna.Trial, run_id: str, backend: str) -> None:
+        """Record on the trial (and its MLflow run) the backend of the point it carries."""
+        ctx = self.context
+        distribution = ctx.space.distributions.get(BACKEND_KEY)
+        if isinstance(distribution, CategoricalDistribution):
+            # A param, as for every point, though no sampler drew it.
+            internal = distribution.to_internal_repr(backend)
+            ctx.storage.set_trial_param(trial_id_of(trial), BACKEND_KEY, internal, distribution)
+        trial.set_user_attr(BACKEND_KEY, backend)
+        ctx.tracker.set_backend(run_id, trial.number, backend)
 
     def _recorded_backends(self, configuration: int, number: int) -> set[str]:
         """Backends that already have a point (complete or failed) of `configuration`, made
@@ -270,14 +330,9 @@ class Objective:
             and t.state in (TrialState.COMPLETE, TrialState.FAIL)
         }
 
-    def _logged_params(self, params: Mapping[str, Any], backend: str) -> dict[str, Any]:
+    def _logged_params(self, params: Mapping[str, Any]) -> dict[str, Any]:
         ctx = self.context
-        return {
-            **ctx.space.fixed,
-            **params,
-            BACKEND_KEY: backend,
-            **ctx.protocol_record,
-        }
+        return {**ctx.space.fixed, **params, **ctx.protocol_record}
 
     def _train(
         self,
@@ -462,7 +517,7 @@ class Objective:
             str(ctx.cfg.study.name),
             None,
             result.backend,
-            self._logged_params({**params, **trained.architecture}, result.backend),
+            self._logged_params({**params, **trained.architecture}),
             trained_in_trial=trial.number,
         )
         ctx.tracker.replay_epochs(run_id, trained.result.epochs)
