@@ -43,6 +43,7 @@ from tuner.backends import BACKENDS
 from tuner.backends.cpu import isa_flags
 from tuner.config import compose_config
 from tuner.console import quiet_libraries
+from tuner.constraints import baseline_of
 from tuner.data import load_splits
 from tuner.deploy import check_outputs, convert, reference_of
 from tuner.edits import apply_edits
@@ -288,11 +289,11 @@ def round_latencies(logits_of, example, protocol: LatencyProtocol) -> list[float
 def compare_front(args: argparse.Namespace, baseline_name: str, baseline_p50: float) -> None:
     study = optuna.load_study(study_name=args.study, storage=args.storage)
     points = study_points(study)
-    eager = [p for p in points if p.backend == "eager"]
-    if not eager:
-        print(f"\nStudy {args.study} has no eager fp32 point to compare with.")
+    # The study's own baseline, as its constraints, console and report read it.
+    best = baseline_of(study.get_trials(deepcopy=False)).accuracy
+    if math.isnan(best):
+        print(f"\nStudy {args.study} has no trained model to compare with.")
         return
-    best = max(p.val_accuracy for p in eager)
     close = [p for p in points if p.val_accuracy >= best - args.max_accuracy_drop]
     fastest = min(close, key=lambda p: p.latency_ms_p50)
     # The point's backend and structure (its `model.*` params, e.g. FFN width and depth).

@@ -251,8 +251,8 @@ def test_a_resume_with_other_backend_choices_is_refused_before_training(tmp_path
     )
     assert result.returncode == 2
     assert (
-        "key 'deploy.backend': study 'bert_ffn-smoke' samples it from choice(eager), this run "
-        "would from choice(eager, onnxruntime)"
+        "key 'deploy.backend': study 'bert_ffn-smoke' deploys on choice(eager), this run "
+        "would on choice(eager, onnxruntime)"
     ) in result.stderr
     assert "Trial" not in result.stdout
     assert len(_study(tmp_path).trials) == 1

@@ -110,9 +110,7 @@ def test_resume_on_a_machine_without_a_backend_says_which_and_why():
     with pytest.raises(ConfigError) as refused:
         check_same_space(study, here, {"deploy.backend": "exp.yaml"}, {"bf16": "no bf16 here"})
     message = str(refused.value)
-    assert "study 's' samples it from choice(eager, bf16), this run would from choice(eager)" in (
-        message
-    )
+    assert "study 's' deploys on choice(eager, bf16), this run would on choice(eager)" in message
     assert "(bf16: no bf16 here); resume it on a machine that runs the same backends" in message
     assert message.endswith("; defined in exp.yaml")
     # The same choices resume; keys the study has not sampled yet are free.

@@ -55,6 +55,21 @@ def test_optuna_s_wrapped_errors_are_recognised_through_their_cause():
         assert retries.is_transient(error)
 
 
+def test_a_query_in_a_transaction_broken_by_a_restart_is_retried():
+    # What Optuna's RDB storage raises when the server restarts under `get_all_trials`: its
+    # fallback query runs in the session the dropped connection invalidated.
+    try:
+        try:
+            raise _dropped_connection()
+        except sqlalchemy.exc.OperationalError:
+            try:
+                raise sqlalchemy.exc.PendingRollbackError("Can't reconnect until rolled back")
+            except sqlalchemy.exc.PendingRollbackError as cause:
+                raise optuna.exceptions.StorageInternalError("commit failed") from cause
+    except optuna.exceptions.StorageInternalError as error:
+        assert retries.is_transient(error)
+
+
 def test_other_errors_are_not_retried():
     flaky = Flaky(ValueError("bad value"), failures=1)
     with pytest.raises(ValueError):

@@ -244,6 +244,9 @@ def test_the_report_reads_the_study_s_own_data_and_constraints(smoke, tmp_path):
         assert "Evaluating" not in result.stdout
     seed = _report(smoke, "--skip-test", "data.split_seed=5")
     assert "created with data.split_seed=0, this command gives data.split_seed=5" in seed.stderr
+    # Unless the key is one this command may set on purpose.
+    moved = _report(smoke, "--skip-test", "data.split_seed=5", "study.change_settings=[data]")
+    assert moved.returncode == 0, moved.stderr
     constraint = _report(smoke, "--skip-test", "study.max_accuracy_drop=0.001")
     assert constraint.returncode == 2 and "key 'study.max_accuracy_drop'" in constraint.stderr
     # Said once per report: what the drops are measured from.

@@ -73,10 +73,6 @@ class Constraints:
         drop, budget = study_cfg.get("max_accuracy_drop"), study_cfg.get("latency_budget_ms")
         return cls(None if drop is None else float(drop), None if budget is None else float(budget))
 
-    @property
-    def active(self) -> bool:
-        return self.max_accuracy_drop is not None or self.latency_budget_ms is not None
-
     def values(
         self, val_accuracy: float, latency_ms_p50: float, baseline: Baseline
     ) -> dict[str, float]:

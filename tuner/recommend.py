@@ -50,7 +50,8 @@ def recommend(points: list[Point], rule: Rule, baseline: Baseline) -> Point | No
     front = [p for p in points if p.pareto]
     if not front:
         return None
-    # A study made before baselines were recorded: the most accurate front point stands in.
+    # No model with a recorded eager accuracy (points added by hand or by other tools): the
+    # front's most accurate point stands in.
     best_accuracy = (
         baseline.accuracy
         if math.isfinite(baseline.accuracy)

@@ -29,7 +29,13 @@ from tuner.front import Point, failures_of, points_of
 from tuner.modalities import MODALITIES
 from tuner.recommend import DEFAULT_MAX_ACCURACY_DROP, Rule, recommend
 from tuner.retrain import override_keys
-from tuner.settings import settings_of, stored_settings, subtree, typed_contradiction
+from tuner.settings import (
+    covered,
+    settings_of,
+    stored_settings,
+    subtree,
+    typed_contradiction,
+)
 from tuner.storage import open_storage
 
 TEST_METRIC = "test_accuracy"
@@ -107,15 +113,19 @@ def study_settings(
             "constraints and test split are read from this command line."
         )
         return Constraints.from_config(cfg.study), cfg.data
-    problem = typed_contradiction(study.study_name, stored, settings_of(cfg), typed)
+    # Keys in study.change_settings are this command's to set (a dataset moved elsewhere on
+    # this machine); nothing is recorded, as the report changes no study.
+    allowed = [str(key) for key in cfg.study.change_settings]
+    problem = typed_contradiction(study.study_name, stored, settings_of(cfg), typed, allowed)
     if problem:
         raise problem
+    settings = {**stored, **{k: v for k, v in settings_of(cfg).items() if covered(k, allowed)}}
     constraints = Constraints(
-        stored.get("study.max_accuracy_drop"), stored.get("study.latency_budget_ms")
+        settings.get("study.max_accuracy_drop"), settings.get("study.latency_budget_ms")
     )
     # Where a dataset is cached is this machine's business; what it holds is the study's.
     cache = {"cache_dir": cfg.data.cache_dir} if "cache_dir" in cfg.data else {}
-    data_cfg = OmegaConf.create({**subtree(stored, "data"), **cache})
+    data_cfg = OmegaConf.create({**subtree(settings, "data"), **cache})
     return constraints, data_cfg
 
 
@@ -200,8 +210,14 @@ def report(args: argparse.Namespace) -> int:
     if point is None:
         console.console.print(f"[red]No point of the front is {rule.describe()}.[/]")
         front = [p for p in points if p.pareto]
-        if front and rule.max_accuracy_drop is not None:
-            best = max(front, key=lambda p: p.val_accuracy)
+        best = max(front, key=lambda p: p.val_accuracy, default=None)
+        # Said only where the drop alone is what leaves every point out.
+        if (
+            best is not None
+            and rule.max_accuracy_drop is not None
+            and rule.max_latency_ms is None
+            and best.val_accuracy < baseline.accuracy
+        ):
             console.console.print(
                 f"The front's most accurate point is #{best.trial_number} at "
                 f"{best.val_accuracy:.4f}, {100 * (baseline.accuracy - best.val_accuracy):.1f} "

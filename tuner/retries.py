@@ -32,6 +32,11 @@ def is_transient(error: BaseException) -> bool:
             return True
         if isinstance(seen, (sqlalchemy.exc.OperationalError, sqlalchemy.exc.InterfaceError)):
             return True
+        # A query retried in a transaction the lost connection broke (Optuna falls back to a
+        # second query in the same session); the session is rolled back, a new call starts
+        # clean.
+        if isinstance(seen, sqlalchemy.exc.PendingRollbackError):
+            return True
         # MLflow's SQL store reports SQLAlchemy's OperationalError under this code.
         if getattr(seen, "error_code", None) == "TEMPORARILY_UNAVAILABLE":
             return True

@@ -63,14 +63,14 @@ def _flatten(prefix: str, value: Any, into: dict[str, Any]) -> None:
 def check_change_keys(keys: Collection[str]) -> None:
     """Each key of `study.change_settings` names a shaping setting or a node above some."""
     for key in keys:
-        if not any(_covered(key, [shaping]) or _covered(shaping, [key]) for shaping in SHAPING):
+        if not any(covered(key, [shaping]) or covered(shaping, [key]) for shaping in SHAPING):
             raise ConfigError(
                 f"Invalid config: key '{CHANGE_KEY}': {key!r} is not a study setting; the "
                 f"settings are {', '.join(SHAPING)} and the keys under them"
             )
 
 
-def _covered(key: str, prefixes: Collection[str]) -> bool:
+def covered(key: str, prefixes: Collection[str]) -> bool:
     return any(key == p or key.startswith(f"{p}.") for p in prefixes)
 
 
@@ -99,12 +99,16 @@ def settle(study: optuna.Study, given: Mapping[str, Any], changes: Collection[st
     is in `changes`, and record each change taken. Returns the keys changed."""
     stored = study.user_attrs.get(SETTINGS_ATTR)
     if stored is None:
-        # A new study, or one made before settings were stored: from now on these hold.
+        if study.get_trials(deepcopy=False):
+            console.console.print(
+                f"Study '{study.study_name}' keeps no settings (made by an older version): "
+                "this command's are stored and hold from now on."
+            )
         study.set_user_attr(SETTINGS_ATTR, dict(given))
         return []
     changed = differences(stored, given)
     for key in changed:
-        if key == "objectives" or not _covered(key, changes):
+        if key == "objectives" or not covered(key, changes):
             raise contradiction(
                 study.study_name,
                 key,
@@ -142,18 +146,24 @@ def stored_settings(study: optuna.Study) -> dict[str, Any] | None:
 
 
 def typed_contradiction(
-    study_name: str, stored: Mapping[str, Any], given: Mapping[str, Any], typed: Collection[str]
+    study_name: str,
+    stored: Mapping[str, Any],
+    given: Mapping[str, Any],
+    typed: Collection[str],
+    allowed: Collection[str] = (),
 ) -> ConfigError | None:
     """For a command that reads a study (the report): the first stored setting that a key
-    typed on its command line (or a group such as `data=csv`) gives another value."""
+    typed on its command line (or a group such as `data=csv`) gives another value, unless
+    `allowed` covers it."""
     for key in differences(stored, given):
-        if _covered(key, typed):
+        if covered(key, typed) and not covered(key, allowed):
             return contradiction(
                 study_name,
                 key,
                 stored.get(key, _ABSENT),
                 given.get(key, _ABSENT),
-                "the study's own settings are used; leave the key off this command",
+                "the study's own settings are used; leave the key off this command (or, for "
+                f"data that lives elsewhere on this machine, add {CHANGE_KEY}=[{key}])",
             )
     return None
 

@@ -268,11 +268,13 @@ def run_study(
         progress = convergence(study, cfg.study.hypervolume_reference, points)
         note = front_note(study.study_name, points, progress, protocol_record, baseline_of(trials))
         tracker.publish_front(parent_id, study.study_name, points, note)
-        trained = budget.trained(trials)
         if progress is not None:
-            tracker.log_metrics(parent_id, progress.metrics(), step=trained)
+            # Stepped by the configurations whose points are in: other workers' running ones
+            # are not yet.
+            finished = budget.trained([t for t in trials if t.state.is_finished()])
+            tracker.log_metrics(parent_id, progress.metrics(), step=finished)
         # Running trials of every worker count, so the last ones stop without asking for more.
-        if trained >= n_trials:
+        if budget.trained(trials) >= n_trials:
             study.stop()
         # An interrupt that waited for this trial's records stops the study here.
         raise_if_interrupted()
@@ -412,7 +414,9 @@ def check_same_space(
             check_distribution_compatibility(recorded[name], distribution)
         except ValueError:
             hint = "; keep the study's search space, or start another study.name"
+            verb, again = "samples it from", "would from"
             if name == BACKEND_KEY:
+                verb, again = "deploys on", "would on"
                 # The backends of a study are those the machine that started it could run.
                 hint = (
                     (f" ({_described(left_out)})" if left_out else "")
@@ -420,8 +424,8 @@ def check_same_space(
                     "study.name"
                 )
             raise ConfigError(
-                f"Invalid config: key '{name}': study '{study.study_name}' samples it from "
-                f"{_shown(recorded[name])}, this run would from {_shown(distribution)}{hint}"
+                f"Invalid config: key '{name}': study '{study.study_name}' {verb} "
+                f"{_shown(recorded[name])}, this run {again} {_shown(distribution)}{hint}"
                 + defined_in(name, sources)
             ) from None
 
@@ -468,6 +472,8 @@ def _run_to_budget(
             # stay RUNNING with no heartbeat); the objective takes them at once while it trains.
             with deferred():
                 study.optimize(objective, catch=(Exception,), callbacks=[publish])
+            # One that waited while the last trial was closed.
+            raise_if_interrupted()
             continue
         optuna.storages.fail_stale_trials(study)
         running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))

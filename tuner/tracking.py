@@ -107,7 +107,13 @@ class Tracker:
             "tuner.role": "trial",
             "tuner.trained_in_trial": str(trained_in_trial),
         }
-        run = self.client.create_run(self.experiment_id, tags=tags)
+        if trial_number is not None:
+            tags["optuna.trial_number"] = str(trial_number)
+        run = self.client.create_run(
+            self.experiment_id,
+            run_name=None if trial_number is None else f"trial-{trial_number}",
+            tags=tags,
+        )
         self.client.log_batch(run.info.run_id, params=_params(params))
         if backend is not None:
             self.set_backend(run.info.run_id, trial_number, backend)

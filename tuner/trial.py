@@ -233,7 +233,15 @@ class Objective:
         # A retry of this configuration (after an interrupt or a dead worker) deploys only on
         # the backends that have no point of it yet.
         recorded = self._recorded_backends(configuration, trial.number)
-        backends = [b for b in ctx.backends if b not in recorded] or list(ctx.backends)
+        backends = [b for b in ctx.backends if b not in recorded]
+        if not backends:
+            # Killed after every point was written: nothing is left to train or deploy.
+            reason = f"every backend already has a point of configuration #{configuration}"
+            trial.set_user_attr("fail_reason", reason)
+            ctx.tracker.fail(run_id, reason)
+            raise optuna.TrialPruned(reason)
+        # A retry queued by an earlier version carries the backend it drew; it keeps it.
+        carried = ctx.storage.get_trial(trial_id_of(trial)).params.get(BACKEND_KEY)
         # Every backend's artifact stays here until the points that join the front are logged.
         with tempfile.TemporaryDirectory(prefix="tuner-trial-") as workdir:
             try:
@@ -242,28 +250,31 @@ class Objective:
                 with immediate():
                     trained = self._train(cfg, params, architecture, run_id, trial, configuration)
                     results = self._deploy_everywhere(trained, backends, cfg, Path(workdir))
+                own_backend = (
+                    carried if carried in results else self._representative(results, trained)
+                )
+                on_front = self._joining_front(results, trained)
+                for backend, result in results.items():
+                    if backend != own_backend:
+                        self._add_point(trial, trained, result, backend in on_front)
+                if own_backend is None:
+                    raise BackendFailed(
+                        "no backend deployed the model: "
+                        + "; ".join(f"{b}: {r.error}" for b, r in results.items())
+                    )
+                self._own_backend(trial, run_id, own_backend, as_param=carried is None)
+                own = results[own_backend]
+                constraints = self._record(
+                    trial.set_user_attr, run_id, trained, own, own_backend in on_front
+                )
+                for name, value in constraints.items():
+                    trial.set_constraint(name, value)
             except Exception as exc:
                 self._fail(trial, run_id, exc)
                 raise
-            own_backend = self._representative(results, trained)
-            on_front = self._joining_front(results, trained)
-            for backend, result in results.items():
-                if backend != own_backend:
-                    self._add_point(trial, trained, result, backend in on_front)
-            if own_backend is None:
-                failed = BackendFailed(
-                    "no backend deployed the model: "
-                    + "; ".join(f"{b}: {r.error}" for b, r in results.items())
-                )
-                self._fail(trial, run_id, failed)
-                raise failed
-            self._own_backend(trial, run_id, own_backend)
-            own = results[own_backend]
-            constraints = self._record(
-                trial.set_user_attr, run_id, trained, own, own_backend in on_front
-            )
-            for name, value in constraints.items():
-                trial.set_constraint(name, value)
+        if own.error:
+            # Only a carried backend can be one that failed: a failed point, recorded above.
+            raise BackendFailed(f"backend {own_backend}: {own.error}")
         ctx.tracker.finish(run_id)
         return own.val_accuracy, own.metrics()["latency_ms_p50"]
 
@@ -307,11 +318,11 @@ class Objective:
 
         return max(pool, key=area)
 
-    def _own_backend(self, trial: optuna.Trial, run_id: str, backend: str) -> None:
+    def _own_backend(self, trial: optuna.Trial, run_id: str, backend: str, as_param: bool) -> None:
         """Record on the trial (and its MLflow run) the backend of the point it carries."""
         ctx = self.context
         distribution = ctx.space.distributions.get(BACKEND_KEY)
-        if isinstance(distribution, CategoricalDistribution):
+        if as_param and isinstance(distribution, CategoricalDistribution):
             # A param, as for every point, though no sampler drew it.
             internal = distribution.to_internal_repr(backend)
             ctx.storage.set_trial_param(trial_id_of(trial), BACKEND_KEY, internal, distribution)
