@@ -151,3 +151,56 @@ def test_a_second_interrupt_stops_at_once_and_the_retry_adds_only_missing_points
     # One point per backend of configuration 0, the earlier attempt's included: nothing twice.
     assert _points_per_configuration_and_backend(study) == {(0, b): 1 for b in BACKENDS}
     assert not study.get_trials(states=(TrialState.RUNNING, TrialState.WAITING))
+
+
+def _queue(study: optuna.Study, params: dict, distributions: dict, history: list[int]) -> None:
+    study.add_trial(
+        optuna.trial.create_trial(
+            state=TrialState.WAITING,
+            params=params,
+            distributions=distributions,
+            system_attrs={"failed_trial": history[0], budget.RETRY_HISTORY: history},
+        )
+    )
+
+
+def test_a_retry_queued_with_a_drawn_backend_keeps_it(study_dir):
+    # As an earlier version queued retries: with the backend the failed trial had drawn.
+    _run(study_dir, "debug.overrides.study.n_trials=1")
+    study = _study(study_dir)
+    first = study.trials[0]
+    drawn = BACKENDS[-1]
+    params = {**first.params, "deploy.backend": drawn}
+    _queue(study, params, first.distributions, history=[99])
+    _run(study_dir, "debug.overrides.study.n_trials=2")
+    retry = next(t for t in _study(study_dir).trials if t.system_attrs.get("failed_trial") == 99)
+    assert retry.state == TrialState.COMPLETE
+    assert retry.params["deploy.backend"] == retry.user_attrs["deploy.backend"] == drawn
+
+
+def test_a_retry_whose_points_are_all_written_is_pruned_without_training(study_dir):
+    _run(study_dir, "debug.overrides.study.n_trials=1")
+    study = _study(study_dir)
+    first = study.trials[0]
+    # Every backend of configuration 0 has a point (the trial's own included, as a copy here):
+    # what a worker killed just before closing its trial leaves.
+    own = first.params["deploy.backend"]
+    study.add_trial(
+        optuna.trial.create_trial(
+            params=first.params,
+            distributions=first.distributions,
+            values=first.values,
+            user_attrs={**first.user_attrs, budget.TRAINED_IN_ATTR: 999, "deploy.backend": own},
+        )
+    )
+    params = {k: v for k, v in first.params.items() if k != "deploy.backend"}
+    distributions = {k: first.distributions[k] for k in params}
+    _queue(study, params, distributions, history=[0])
+    _run(study_dir, "debug.overrides.study.n_trials=2")
+    study = _study(study_dir)
+    retry = next(t for t in study.trials if t.system_attrs.get("failed_trial") == 0)
+    assert retry.state == TrialState.PRUNED
+    assert (
+        "every backend already has a point of configuration #0" in retry.user_attrs["fail_reason"]
+    )
+    assert "reference_accuracy" not in retry.user_attrs  # nothing was trained
