@@ -248,8 +248,13 @@ def test_a_resume_with_other_backend_choices_is_refused_before_training(tmp_path
         *SMOKE,
         "debug.overrides.study.n_trials=2",
         "search_space={deploy.backend:'choice(eager,onnxruntime)'}",
+        # A deliberate change of a setting in a refused run is not recorded.
+        "study.max_accuracy_drop=0.02",
+        "study.change_settings=[study.max_accuracy_drop]",
     )
     assert result.returncode == 2
+    assert "settings_changes" not in _study(tmp_path).user_attrs
+    assert _study(tmp_path).user_attrs["settings"]["study.max_accuracy_drop"] is None
     assert (
         "key 'deploy.backend': study 'bert_ffn-smoke' deploys on choice(eager), this run "
         "would on choice(eager, onnxruntime)"

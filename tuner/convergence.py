@@ -43,33 +43,47 @@ class Convergence:
         }
 
 
-def hypervolume_reference(
-    study: optuna.Study, configured: DictConfig, points: list[Point]
+def reference_point(
+    stored: list[float] | None, configured: DictConfig, latencies: list[float]
 ) -> tuple[float, float] | None:
-    """The study's reference (worst accuracy, worst latency); None until a point exists."""
-    stored = study.user_attrs.get(REFERENCE_ATTR)
+    """The reference (worst accuracy, worst latency): the study's `stored` one, else the
+    configured one with a null latency taken as twice the slowest of `latencies`; None while
+    there is nothing to take it from."""
     if stored is not None:
         return float(stored[0]), float(stored[1])
     if configured.latency_ms_p50 is not None:
         latency = float(configured.latency_ms_p50)
-    elif points:
-        latency = 2.0 * max(p.latency_ms_p50 for p in points)
+    elif latencies:
+        latency = 2.0 * max(latencies)
     else:
         return None
-    reference = (float(configured.val_accuracy), latency)
-    study.set_user_attr(REFERENCE_ATTR, list(reference))
+    return float(configured.val_accuracy), latency
+
+
+def hypervolume_reference(
+    study: optuna.Study, configured: DictConfig, points: list[Point]
+) -> tuple[float, float] | None:
+    """The study's reference, fixed in the study the first time it can be taken."""
+    stored = study.user_attrs.get(REFERENCE_ATTR)
+    reference = reference_point(stored, configured, [p.latency_ms_p50 for p in points])
+    if stored is None and reference is not None:
+        study.set_user_attr(REFERENCE_ATTR, list(reference))
     return reference
 
 
 def convergence(
-    study: optuna.Study, configured: DictConfig, points: list[Point]
+    study: optuna.Study,
+    configured: DictConfig,
+    points: list[Point],
+    started: datetime | None = None,
 ) -> Convergence | None:
+    """The hypervolume of `points`; `started` (when the study's first trial began) gives
+    `search_seconds`."""
     reference = hypervolume_reference(study, configured, points)
     if reference is None:
         return None
     feasible = [(p.val_accuracy, p.latency_ms_p50) for p in points if p.feasible]
-    started = [t.datetime_start for t in study.get_trials(deepcopy=False) if t.datetime_start]
-    seconds = (datetime.now() - min(started)).total_seconds() if started else 0.0
+    seconds = (datetime.now() - started).total_seconds() if started else 0.0
     return Convergence(
         hypervolume(feasible, reference), reference, sum(p.pareto for p in points), seconds
     )

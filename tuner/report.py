@@ -116,10 +116,11 @@ def study_settings(
     # Keys in study.change_settings are this command's to set (a dataset moved elsewhere on
     # this machine); nothing is recorded, as the report changes no study.
     allowed = [str(key) for key in cfg.study.change_settings]
-    problem = typed_contradiction(study.study_name, stored, settings_of(cfg), typed, allowed)
+    given = settings_of(cfg)
+    problem = typed_contradiction(study.study_name, stored, given, typed, allowed)
     if problem:
         raise problem
-    settings = {**stored, **{k: v for k, v in settings_of(cfg).items() if covered(k, allowed)}}
+    settings = {**stored, **{k: v for k, v in given.items() if covered(k, allowed)}}
     constraints = Constraints(
         settings.get("study.max_accuracy_drop"), settings.get("study.latency_budget_ms")
     )

@@ -97,7 +97,7 @@ def _shown(value: Any) -> str:
 def settle(study: optuna.Study, given: Mapping[str, Any], changes: Collection[str]) -> list[str]:
     """Store `given` in a new study; in an existing one, refuse a contradiction unless its key
     is in `changes`, and record each change taken. Returns the keys changed."""
-    stored = study.user_attrs.get(SETTINGS_ATTR)
+    stored = stored_settings(study)
     if stored is None:
         if study.get_trials(deepcopy=False):
             console.console.print(

@@ -153,8 +153,7 @@ def _refuse_parallel_sqlite(url: str, storage: optuna.storages.BaseStorage, stud
 def _create_study(
     cfg: DictConfig, tracker: Tracker
 ) -> tuple[optuna.Study, optuna.storages.BaseStorage]:
-    changes = [str(key) for key in cfg.study.change_settings]
-    check_change_keys(changes)
+    check_change_keys([str(key) for key in cfg.study.change_settings])
     url = str(cfg.study.storage)
     heartbeat = Heartbeat.from_config(cfg.study.heartbeat)
     on_stale = StaleTrials(tracker, int(cfg.study.heartbeat.max_retry), heartbeat.grace_period)
@@ -185,10 +184,6 @@ def _create_study(
             f"other objectives; choose another study.name"
         )
     study.set_metric_names(list(OBJECTIVES))
-    changed = settle(study, settings_of(cfg), changes)
-    if any(key.startswith("study.hypervolume_reference") for key in changed):
-        # A curve is only comparable against one reference: it starts again from the new one.
-        study.set_user_attr(REFERENCE_ATTR, None)
     # Trials whose worker died long enough ago are failed and queued again before counting.
     optuna.storages.fail_stale_trials(study)
     state = "Resuming" if resumed else "Created"
@@ -238,12 +233,12 @@ def run_study(
     tracker = Tracker(str(cfg.tracking.uri), str(cfg.tracking.experiment))
     study, storage = _create_study(cfg, tracker)
     check_same_space(study, space, sources or {}, left_out)
+    # Last of the checks, so that a change it records is one this run goes on with.
+    _settle_settings(study, cfg)
     n_trials = int(cfg.study.n_trials)
     if _nothing_left(study, n_trials):
         console.budget_reached(study.study_name, n_trials)
-        trials = study.get_trials(deepcopy=False)
-        points = points_of(trials, constraints)
-        console.front_summary(study.study_name, points, failures_of(trials), baseline_of(trials))
+        points = _summarise(study, constraints)
         console.review_hint(str(cfg.tracking.uri), tracker.experiment_id, None)
         return points
     protocol_record = {**protocol.record(prefix="latency."), "latency.input_shape": example.shape()}
@@ -265,7 +260,8 @@ def run_study(
     def publish(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
         trials = study.get_trials(deepcopy=False)
         points = points_of(trials, constraints)
-        progress = convergence(study, cfg.study.hypervolume_reference, points)
+        started = min((t.datetime_start for t in trials if t.datetime_start), default=None)
+        progress = convergence(study, cfg.study.hypervolume_reference, points, started)
         note = front_note(study.study_name, points, progress, protocol_record, baseline_of(trials))
         tracker.publish_front(parent_id, study.study_name, points, note)
         if progress is not None:
@@ -323,11 +319,24 @@ def run_study(
         except BaseException:
             tracker.fail(parent_id, "the study stopped on an error; see the terminal")
             raise
+    tracker.finish(parent_id)
+    points = _summarise(study, constraints)
+    console.review_hint(str(cfg.tracking.uri), tracker.experiment_id, parent_id)
+    return points
+
+
+def _settle_settings(study: optuna.Study, cfg: DictConfig) -> None:
+    changed = settle(study, settings_of(cfg), [str(key) for key in cfg.study.change_settings])
+    if any(key.startswith("study.hypervolume_reference") for key in changed):
+        # A curve is only comparable against one reference: it starts again from the new one.
+        study.set_user_attr(REFERENCE_ATTR, None)
+
+
+def _summarise(study: optuna.Study, constraints: Constraints) -> list[Point]:
+    """Print the study's front, with its failures and baseline; return its points."""
     trials = study.get_trials(deepcopy=False)
     points = points_of(trials, constraints)
-    tracker.finish(parent_id)
     console.front_summary(study.study_name, points, failures_of(trials), baseline_of(trials))
-    console.review_hint(str(cfg.tracking.uri), tracker.experiment_id, parent_id)
     return points
 
 

@@ -121,8 +121,7 @@ class Tracker:
 
     def set_backend(self, run_id: str, trial_number: int | None, backend: str) -> None:
         self.client.set_tag(run_id, "deploy.backend", backend)
-        if "deploy.backend" not in self.client.get_run(run_id).data.params:
-            self.client.log_param(run_id, "deploy.backend", backend)
+        self.client.log_param(run_id, "deploy.backend", backend)
         if trial_number is not None:
             self.set_trial_number(run_id, trial_number, backend)
 

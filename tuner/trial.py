@@ -42,7 +42,7 @@ from tuner.constraints import (
     Constraints,
     baseline_of,
 )
-from tuner.convergence import REFERENCE_ATTR
+from tuner.convergence import REFERENCE_ATTR, reference_point
 from tuner.data.batches import Encoded
 from tuner.deploy import BackendFailed, BackendResult, Reference, deploy_on
 from tuner.edits import apply_edits, resolved_edits
@@ -299,18 +299,13 @@ class Objective:
             if ctx.constraints.feasible(*point, trained.baseline)
         }
         pool = feasible or points
-        stored = ctx.storage.get_study_user_attrs(ctx.study_id).get(REFERENCE_ATTR)
-        configured = ctx.cfg.study.hypervolume_reference
-        if stored is not None:
-            reference = (float(stored[0]), float(stored[1]))
-        else:
-            # What the study fixes when its first front is published.
-            latency = configured.latency_ms_p50
-            slowest = max(latency_ms for _, latency_ms in points.values())
-            reference = (
-                float(configured.val_accuracy),
-                2.0 * slowest if latency is None else float(latency),
-            )
+        # The study's reference, or the one it fixes when this first front is published.
+        reference = reference_point(
+            ctx.storage.get_study_user_attrs(ctx.study_id).get(REFERENCE_ATTR),
+            ctx.cfg.study.hypervolume_reference,
+            [latency for _, latency in points.values()],
+        )
+        assert reference is not None  # there are points
         order = list(results)
 
         def area(backend: str) -> tuple[float, int]:
@@ -342,8 +337,10 @@ class Objective:
         }
 
     def _logged_params(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        """A point's MLflow params, but its backend (`Tracker.set_backend` logs that)."""
         ctx = self.context
-        return {**ctx.space.fixed, **params, **ctx.protocol_record}
+        logged = {**ctx.space.fixed, **params, **ctx.protocol_record}
+        return {k: v for k, v in logged.items() if k != BACKEND_KEY}
 
     def _train(
         self,
