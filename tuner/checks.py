@@ -98,6 +98,12 @@ VALUE_RULES: dict[str, Rule] = {
     "deploy.latency.num_threads": POSITIVE_INT,
     "deploy.latency.warmup": NON_NEGATIVE_INT,
     "deploy.latency.repeats": POSITIVE_INT,
+    "deploy.latency.rounds": POSITIVE_INT,
+    "deploy.latency.max_rounds": POSITIVE_INT,
+    "study.pruning.enabled": (lambda v: isinstance(v, bool), "must be true or false"),
+    "study.pruning.min_epochs": POSITIVE_INT,
+    "study.pruning.margin": NON_NEGATIVE,
+    "study.pruning.n_startup_trials": POSITIVE_INT,
 }
 
 
@@ -138,6 +144,16 @@ def check_config(cfg: DictConfig, space: SearchSpace, sources: Mapping[str, str]
                     + defined_in(key, sources)
                 )
     _check_heartbeat(cfg)
+    _check_rounds(cfg)
+
+
+def _check_rounds(cfg: DictConfig) -> None:
+    latency = cfg.deploy.latency
+    if latency.get("max_rounds", 1) < latency.get("rounds", 1):
+        raise ConfigError(
+            f"Invalid config: key 'deploy.latency.max_rounds': {latency.max_rounds} must be at "
+            f"least deploy.latency.rounds ({latency.rounds}), the rounds of a first measurement"
+        )
 
 
 def _check_heartbeat(cfg: DictConfig) -> None:

@@ -31,6 +31,7 @@ from tuner.front import Failures, Point
 
 if TYPE_CHECKING:
     from tuner.deploy import BackendResult
+    from tuner.latency import LatencyResult
 
 # Logs and pipes get a wide page, so the front table stays readable there too.
 console = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 160)
@@ -79,9 +80,36 @@ def backend_result(result: BackendResult) -> None:
     console.print(
         f"  {result.backend:<{width}} val_accuracy {result.val_accuracy:.4f} "
         f"(agrees {result.agreement:.1%})  latency p50 {result.latency.p50_ms:6.2f} ms "
-        f"(p95 {result.latency.p95_ms:.2f})  size {result.model_size_mb:.1f} MB  "
+        f"(p95 {result.latency.p95_ms:.2f}, {result.latency.rounds} rounds "
+        f"±{result.latency.spread_pct:.0f}%)  size {result.model_size_mb:.1f} MB  "
         f"convert {result.convert_seconds:.1f} s"
     )
+
+
+def latencies_before_training(
+    results: Mapping[str, LatencyResult | None], measured: list[str]
+) -> None:
+    """One line: this architecture's latency on each backend, and which were measured now (on
+    the untrained model) rather than taken from the study's latency table."""
+    shown = []
+    for backend, result in results.items():
+        if result is None:
+            shown.append(f"{backend} ?")
+            continue
+        source = "" if backend in measured else " (table)"
+        shown.append(f"{backend} {result.p50_ms:.2f} ms ±{result.spread_pct:.0f}%{source}")
+    console.print("  latency before training: " + ", ".join(shown))
+
+
+def untimed_before_training(backend: str, reason: str) -> None:
+    console.print(
+        f"  [yellow]{backend} did not convert the untrained model ({reason}); it is timed "
+        "after training[/]"
+    )
+
+
+def trial_pruned(trial_number: int, reason: str) -> None:
+    console.print(f"  [yellow]trial #{trial_number} pruned:[/] {reason}")
 
 
 def trial_failed(trial_number: int, reason: str, error: BaseException) -> None:

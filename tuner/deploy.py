@@ -8,7 +8,7 @@ NaN/Inf outputs fail the point. Any error is kept on the point; the other backen
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +22,9 @@ from tuner.latency import LatencyProtocol, LatencyResult, measure_latency
 from tuner.memory import track_peak_memory
 from tuner.recipe import ModelRecipe
 from tuner.training import accuracy, collect_logits
+
+# A loaded artifact -> its latency.
+Timer = Callable[[Logits], LatencyResult]
 
 
 class BackendFailed(RuntimeError):
@@ -63,6 +66,8 @@ class BackendResult:
             "val_accuracy": self.val_accuracy,
             "latency_ms_p50": self.latency.p50_ms,
             "latency_ms_p95": self.latency.p95_ms,
+            "latency_rounds": float(self.latency.rounds),
+            "latency_spread_pct": self.latency.spread_pct,
             "model_size_mb": self.model_size_mb,
             "agreement_with_eager": self.agreement,
             "max_logit_diff": self.max_logit_diff,
@@ -140,9 +145,15 @@ def deploy_on(
     deploy_cfg: DictConfig,
     workdir: Path,
     calibration: Sequence[tuple[torch.Tensor, ...]] = (),
+    timer: Timer | None = None,
 ) -> BackendResult:
     """Convert, check and time `model` on one backend, leaving its artifact in `workdir`;
-    failures come back as `error`."""
+    failures come back as `error`.
+
+    Args:
+        timer: the loaded artifact -> its latency; by default it is timed under `protocol`
+            (a study passes its latency table's, `tuner.latency_table`).
+    """
     started = time.perf_counter()
     try:
         with track_peak_memory() as memory:
@@ -150,7 +161,10 @@ def deploy_on(
                 backend_name, model, recipe, example, deploy_cfg, workdir, calibration
             )
             checks = check_outputs(collect_logits(converted.logits_of, val_data), reference)
-            latency = measure_latency(converted.logits_of, example, protocol)
+            if timer is None:
+                latency = measure_latency(converted.logits_of, example, protocol)
+            else:
+                latency = timer(converted.logits_of)
     except Exception as exc:  # any backend failure stays on this point
         return BackendResult(backend_name, error=f"{type(exc).__name__}: {exc}".strip())
     return BackendResult(

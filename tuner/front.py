@@ -15,6 +15,7 @@ from tuner.pareto import pareto_mask
 
 if TYPE_CHECKING:
     from tuner.convergence import Convergence
+    from tuner.latency_table import LatencyTable
 
 METRIC_COLUMNS = ("val_accuracy", "latency_ms_p50", "latency_ms_p95", "model_size_mb")
 # Optuna user attributes that tie a point to its MLflow run and logged model.
@@ -22,6 +23,8 @@ RUN_ID_ATTR = "mlflow_run_id"
 MODEL_URI_ATTR = "mlflow_model_uri"
 # Set on a failed trial whose model trained but whose backend failed: a failed point.
 FAILED_BACKEND_ATTR = "failed_backend"
+# The digest of a point's latency key in the study's latency table (`tuner.latency_table`).
+LATENCY_KEY_ATTR = "latency_key"
 
 
 @dataclass(frozen=True)
@@ -70,35 +73,50 @@ def failures_of(trials: Sequence[optuna.trial.FrozenTrial]) -> Failures:
 
 def study_points(study: optuna.Study, constraints: Constraints | None = None) -> list[Point]:
     """Every complete trial of the study as a point; see `points_of`."""
-    return points_of(study.get_trials(deepcopy=False), constraints)
+    from tuner.latency_table import LatencyTable
+
+    table = LatencyTable.of_attrs(study.user_attrs)
+    return points_of(study.get_trials(deepcopy=False), constraints, table)
 
 
 def points_of(
-    trials: Sequence[optuna.trial.FrozenTrial], constraints: Constraints | None = None
+    trials: Sequence[optuna.trial.FrozenTrial],
+    constraints: Constraints | None = None,
+    latencies: LatencyTable | None = None,
 ) -> list[Point]:
     """Every complete trial as a point; `pareto` marks the front of the feasible ones.
 
     Feasibility is recomputed here against the study's baseline (`tuner.constraints`), so it is
-    right even for points made before the model that sets it existed.
+    right even for points made before the model that sets it existed. With the study's latency
+    table, a point's latency is its key's as the table now stands (rounds added since the point
+    was made included), so every point of one architecture and backend has the same.
     """
     trials = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
     constraints = constraints or Constraints()
     baseline = baseline_of(trials)
+
+    def latency_of(trial: optuna.trial.FrozenTrial) -> tuple[float, float]:
+        measured = latencies.result(trial.user_attrs.get(LATENCY_KEY_ATTR)) if latencies else None
+        if measured is None:
+            return trial.values[1], float(trial.user_attrs.get("latency_ms_p95", float("nan")))
+        return measured.p50_ms, measured.p95_ms
+
     points = [
         Point(
             trial_number=trial.number,
             backend=str(trial.user_attrs.get("deploy.backend", "")),
             val_accuracy=trial.values[0],
-            latency_ms_p50=trial.values[1],
-            latency_ms_p95=float(trial.user_attrs.get("latency_ms_p95", float("nan"))),
+            latency_ms_p50=p50,
+            latency_ms_p95=p95,
             model_size_mb=float(trial.user_attrs.get("model_size_mb", float("nan"))),
             trained_in_trial=int(trial.user_attrs.get("trained_in_trial", trial.number)),
             params=dict(trial.params),
-            feasible=constraints.feasible(trial.values[0], trial.values[1], baseline),
+            feasible=constraints.feasible(trial.values[0], p50, baseline),
             model_uri=trial.user_attrs.get(MODEL_URI_ATTR),
             mlflow_run_id=trial.user_attrs.get(RUN_ID_ATTR),
         )
         for trial in trials
+        for p50, p95 in [latency_of(trial)]
     ]
     feasible = [p for p in points if p.feasible]
     on_front = {

@@ -1,15 +1,18 @@
-"""One latency protocol for every backend: pinned threads, warm-up, repeated timed calls.
+"""One latency protocol for every backend: pinned threads, warm-up, interleaved timed rounds.
 
-Shared CPUs are noisy, so the protocol reports the median and the 95th percentile of many calls
-and records everything needed to compare two measurements (batch, sequence length, threads,
-repeats, CPU model and instruction sets, torch version).
+Shared CPUs are noisy, so the timed calls are split into rounds, and in each round every backend
+being measured gets its share in turn (interleaved): a burst of load from elsewhere then lands on
+all of them, not on one. A latency is the median of the rounds' medians, its spread the
+interquartile range of those medians, and everything needed to compare two measurements is
+recorded (batch, sequence length, threads, warm-up, repeats, rounds, CPU model and instruction
+sets, torch version).
 """
 
 from __future__ import annotations
 
 import platform
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from functools import cache
@@ -25,15 +28,36 @@ from tuner.backends.cpu import isa_flags
 
 @dataclass(frozen=True)
 class LatencyProtocol:
+    """How a latency is measured.
+
+    Attributes:
+        repeats: timed calls per backend the first time an architecture is measured, split
+            evenly across `rounds`.
+        max_rounds: rounds a measurement may grow to: each later trained model of the same
+            architecture adds one round (on its deployed artifact) until there are this many.
+    """
+
     batch_size: int
     seq_len: int
     num_threads: int
     warmup: int
     repeats: int
+    rounds: int = 1
+    max_rounds: int = 1
 
     @classmethod
     def from_config(cls, latency_cfg: DictConfig) -> LatencyProtocol:
-        return cls(**{name: int(latency_cfg[name]) for name in cls.__dataclass_fields__})
+        return cls(
+            **{
+                name: int(latency_cfg[name])
+                for name in cls.__dataclass_fields__
+                if name in latency_cfg
+            }
+        )
+
+    @property
+    def calls_per_round(self) -> int:
+        return max(1, self.repeats // max(1, self.rounds))
 
     def record(self, prefix: str = "") -> dict[str, str | int]:
         """The protocol and the machine it ran on, as recorded with every measurement."""
@@ -48,12 +72,46 @@ class LatencyProtocol:
 
 @dataclass(frozen=True)
 class LatencyResult:
+    """A latency from timed rounds (each a list of per-call milliseconds).
+
+    Attributes:
+        p50_ms: the median of the rounds' medians (with one round: of its calls).
+        p95_ms: the 95th percentile of every timed call.
+        spread_pct: the interquartile range of the rounds' medians, in percent of `p50_ms`
+            (0 with fewer than two rounds).
+    """
+
     p50_ms: float
     p95_ms: float
     mean_ms: float
     min_ms: float
     max_ms: float
+    rounds: int = 1
+    spread_pct: float = 0.0
     samples_ms: list[float] = field(default_factory=list, repr=False)
+
+    @classmethod
+    def of_rounds(cls, rounds: Sequence[Sequence[float]]) -> LatencyResult:
+        rounds = [list(r) for r in rounds if len(r)]
+        if not rounds:
+            raise ValueError("a latency needs at least one timed call")
+        samples = np.array([value for r in rounds for value in r])
+        medians = np.array([np.median(r) for r in rounds])
+        p50 = float(np.median(medians))
+        spread = 0.0
+        if len(rounds) > 1:
+            q25, q75 = np.percentile(medians, [25, 75])
+            spread = float(100.0 * (q75 - q25) / p50)
+        return cls(
+            p50_ms=p50,
+            p95_ms=float(np.percentile(samples, 95)),
+            mean_ms=float(samples.mean()),
+            min_ms=float(samples.min()),
+            max_ms=float(samples.max()),
+            rounds=len(rounds),
+            spread_pct=spread,
+            samples_ms=[float(value) for value in samples],
+        )
 
 
 @cache
@@ -76,25 +134,38 @@ def pinned_threads(num_threads: int) -> Iterator[None]:
         torch.set_num_threads(previous)
 
 
+def time_rounds(
+    callables: Mapping[str, Callable[..., torch.Tensor]],
+    inputs: ExampleInputs,
+    protocol: LatencyProtocol,
+    rounds: int | None = None,
+) -> dict[str, list[list[float]]]:
+    """Time every callable in interleaved rounds: `warmup` untimed calls each, then per round
+    one untimed call (its caches were the others' meanwhile) and `calls_per_round` timed ones,
+    each callable in turn. Returns name -> rounds of milliseconds."""
+    rounds = protocol.rounds if rounds is None else rounds
+    timings: dict[str, list[list[float]]] = {name: [] for name in callables}
+    with pinned_threads(protocol.num_threads), torch.inference_mode():
+        for logits_of in callables.values():
+            for _ in range(protocol.warmup):
+                logits_of(*inputs.tensors)
+        for index in range(rounds):
+            for name, logits_of in callables.items():
+                if index > 0 and len(callables) > 1:
+                    logits_of(*inputs.tensors)
+                calls = []
+                for _ in range(protocol.calls_per_round):
+                    started = time.perf_counter()
+                    logits_of(*inputs.tensors)
+                    calls.append((time.perf_counter() - started) * 1000)
+                timings[name].append(calls)
+    return timings
+
+
 def measure_latency(
     logits_of: Callable[..., torch.Tensor],
     inputs: ExampleInputs,
     protocol: LatencyProtocol,
 ) -> LatencyResult:
-    timings = []
-    with pinned_threads(protocol.num_threads), torch.inference_mode():
-        for _ in range(protocol.warmup):
-            logits_of(*inputs.tensors)
-        for _ in range(protocol.repeats):
-            started = time.perf_counter()
-            logits_of(*inputs.tensors)
-            timings.append((time.perf_counter() - started) * 1000)
-    values = np.array(timings)
-    return LatencyResult(
-        p50_ms=float(np.percentile(values, 50)),
-        p95_ms=float(np.percentile(values, 95)),
-        mean_ms=float(values.mean()),
-        min_ms=float(values.min()),
-        max_ms=float(values.max()),
-        samples_ms=timings,
-    )
+    """One callable under the protocol."""
+    return LatencyResult.of_rounds(time_rounds({"": logits_of}, inputs, protocol)[""])

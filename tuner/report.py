@@ -26,6 +26,7 @@ from tuner.constraints import Constraints, baseline_of
 from tuner.data import load_splits
 from tuner.errors import ConfigError
 from tuner.front import Point, failures_of, points_of
+from tuner.latency_table import LatencyTable
 from tuner.modalities import MODALITIES
 from tuner.recommend import DEFAULT_MAX_ACCURACY_DROP, Rule, recommend
 from tuner.retrain import override_keys
@@ -202,7 +203,8 @@ def report(args: argparse.Namespace) -> int:
     mlflow.set_tracking_uri(str(cfg.tracking.uri))
     client = mlflow.MlflowClient(str(cfg.tracking.uri))
     trials = study.get_trials(deepcopy=False)
-    points, baseline = points_of(trials, constraints), baseline_of(trials)
+    table = LatencyTable.of_attrs(study.user_attrs)
+    points, baseline = points_of(trials, constraints, table), baseline_of(trials)
     console.front_summary(study.study_name, points, failures_of(trials), baseline)
     running = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
     if running:

@@ -22,3 +22,5 @@ SAMPLERS.register("tpe")(
 SAMPLERS.register("nsga2")(lambda seed: optuna.samplers.NSGAIISampler(seed=seed))
 # Random search ignores constraints; the front still marks infeasible points.
 SAMPLERS.register("random")(lambda seed: optuna.samplers.RandomSampler(seed=seed))
+# Gaussian-process Bayesian optimisation; reads constraints and both objectives.
+SAMPLERS.register("gp")(lambda seed: optuna.samplers.GPSampler(seed=seed))

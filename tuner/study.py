@@ -33,10 +33,12 @@ from tuner.constraints import Constraints, baseline_of
 from tuner.convergence import REFERENCE_ATTR, convergence
 from tuner.data import Splits, load_splits
 from tuner.data.batches import Encoded
+from tuner.early_stopping import PruningSettings
 from tuner.edits import EDITS, SAME_EDIT
 from tuner.errors import ConfigError
 from tuner.front import Point, failures_of, front_note, points_of
 from tuner.latency import LatencyProtocol
+from tuner.latency_table import LatencyTable
 from tuner.modalities import MODALITIES, Modality
 from tuner.models import MODEL_FAMILIES
 from tuner.optuna_compat import FilteredSampler, is_heartbeat_enabled, storage_of
@@ -259,7 +261,7 @@ def run_study(
 
     def publish(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
         trials = study.get_trials(deepcopy=False)
-        points = points_of(trials, constraints)
+        points = points_of(trials, constraints, LatencyTable.of_attrs(study.user_attrs))
         started = min((t.datetime_start for t in trials if t.datetime_start), default=None)
         progress = convergence(study, cfg.study.hypervolume_reference, points, started)
         note = front_note(study.study_name, points, progress, protocol_record, baseline_of(trials))
@@ -269,6 +271,12 @@ def run_study(
             # are not yet.
             finished = budget.trained([t for t in trials if t.state.is_finished()])
             tracker.log_metrics(parent_id, progress.metrics(), step=finished)
+            # The same curve against wall-clock seconds of search: front quality over time.
+            tracker.log_metrics(
+                parent_id,
+                {"hypervolume_by_second": progress.hypervolume},
+                step=int(progress.search_seconds),
+            )
         # Running trials of every worker count, so the last ones stop without asking for more.
         if budget.trained(trials) >= n_trials:
             study.stop()
@@ -298,6 +306,7 @@ def run_study(
             storage=storage,
             study_id=storage.get_study_id_from_name(study.study_name),
             max_retry=int(cfg.study.heartbeat.max_retry),
+            pruning=PruningSettings.from_config(cfg.study.get("pruning")),
             serving=ServingContext(
                 modality=modality,
                 inputs_dir=Path(inputs_dir),
@@ -335,7 +344,7 @@ def _settle_settings(study: optuna.Study, cfg: DictConfig) -> None:
 def _summarise(study: optuna.Study, constraints: Constraints) -> list[Point]:
     """Print the study's front, with its failures and baseline; return its points."""
     trials = study.get_trials(deepcopy=False)
-    points = points_of(trials, constraints)
+    points = points_of(trials, constraints, LatencyTable.of_attrs(study.user_attrs))
     console.front_summary(study.study_name, points, failures_of(trials), baseline_of(trials))
     return points
 

@@ -44,10 +44,24 @@ from tuner.constraints import (
 )
 from tuner.convergence import REFERENCE_ATTR, reference_point
 from tuner.data.batches import Encoded
-from tuner.deploy import BackendFailed, BackendResult, Reference, deploy_on
+from tuner.deploy import BackendFailed, BackendResult, Reference, convert, deploy_on
+from tuner.early_stopping import (
+    CURVE_ATTR,
+    PRUNED_ATTR,
+    PruningSettings,
+    over_budget_reason,
+    stop_reason,
+)
 from tuner.edits import apply_edits, resolved_edits
-from tuner.front import FAILED_BACKEND_ATTR, MODEL_URI_ATTR, RUN_ID_ATTR, points_of
-from tuner.latency import LatencyProtocol
+from tuner.front import (
+    FAILED_BACKEND_ATTR,
+    LATENCY_KEY_ATTR,
+    MODEL_URI_ATTR,
+    RUN_ID_ATTR,
+    points_of,
+)
+from tuner.latency import LatencyProtocol, LatencyResult, time_rounds
+from tuner.latency_table import LatencyTable, digest_of, latency_key, record_session
 from tuner.modalities import Modality
 from tuner.models import build_model
 from tuner.optuna_compat import trial_id_of
@@ -58,7 +72,7 @@ from tuner.retrain import retrain_command, retrain_overrides
 from tuner.serving import PointSpec, deploy_config, log_point_model
 from tuner.space import SearchSpace
 from tuner.tracking import Tracker
-from tuner.training import TrainResult, batch_loss, initialise_new_layers, train
+from tuner.training import EpochResult, TrainResult, batch_loss, initialise_new_layers, train
 
 # Optuna user attribute: what the trial's relative edits stand for (`model.ffn_width`: 1024).
 ARCHITECTURE_ATTR = "architecture"
@@ -158,9 +172,13 @@ class TrialContext:
     study_id: int
     max_retry: int
     serving: ServingContext
+    pruning: PruningSettings = PruningSettings()
 
     def study_trials(self) -> list[optuna.trial.FrozenTrial]:
         return self.storage.get_all_trials(self.study_id, deepcopy=False)
+
+    def latency_table(self) -> LatencyTable:
+        return LatencyTable.of_study(self.storage, self.study_id)
 
     def add_trial(self, trial: optuna.trial.FrozenTrial) -> int:
         """Add a finished trial to the study and return its number."""
@@ -183,6 +201,8 @@ class _Trained:
     trained_in: int
     # The study's baseline once this model exists: every point of it is judged against it.
     baseline: Baseline
+    # Backend -> the digest of this architecture's key in the study's latency table.
+    latency_keys: dict[str, str]
 
 
 class Objective:
@@ -242,14 +262,35 @@ class Objective:
             raise optuna.TrialPruned(reason)
         # A retry queued by an earlier version carries the backend it drew; it keeps it.
         carried = ctx.storage.get_trial(trial_id_of(trial)).params.get(BACKEND_KEY)
+        keys = {
+            backend: latency_key(cfg.model, architecture, backend, cfg.deploy, ctx.protocol_record)
+            for backend in backends
+        }
         # Every backend's artifact stays here until the points that join the front are logged.
         with tempfile.TemporaryDirectory(prefix="tuner-trial-") as workdir:
             try:
                 # Interrupts stop training and deploying at once; the points are then written
                 # whole (the caller holds interrupts back meanwhile).
                 with immediate():
-                    trained = self._train(cfg, params, architecture, run_id, trial, configuration)
-                    results = self._deploy_everywhere(trained, backends, cfg, Path(workdir))
+                    model = self._untrained(cfg)
+                    latencies = self._latencies_before_training(
+                        model, cfg, keys, Path(workdir) / "untrained"
+                    )
+                    over_budget = over_budget_reason(latencies, ctx.constraints.latency_budget_ms)
+                    if over_budget:
+                        raise optuna.TrialPruned(over_budget)
+                    trained = self._train(
+                        model,
+                        cfg,
+                        params,
+                        architecture,
+                        run_id,
+                        trial,
+                        configuration,
+                        keys,
+                        latencies,
+                    )
+                    results = self._deploy_everywhere(trained, backends, cfg, Path(workdir), keys)
                 own_backend = (
                     carried if carried in results else self._representative(results, trained)
                 )
@@ -269,6 +310,9 @@ class Objective:
                 )
                 for name, value in constraints.items():
                     trial.set_constraint(name, value)
+            except optuna.TrialPruned as pruned:
+                self._pruned(trial, run_id, str(pruned))
+                raise
             except Exception as exc:
                 self._fail(trial, run_id, exc)
                 raise
@@ -342,24 +386,83 @@ class Objective:
         logged = {**ctx.space.fixed, **params, **ctx.protocol_record}
         return {k: v for k, v in logged.items() if k != BACKEND_KEY}
 
+    def _untrained(self, cfg: DictConfig) -> nn.Module:
+        """The configuration's model, edited and initialised, before any training."""
+        model = self.context.factory.build(cfg.model, int(cfg.train.seed))
+        torch.manual_seed(int(cfg.train.seed))
+        apply_edits(model, cfg.model)
+        initialise_new_layers(model.new_layers(), str(cfg.train.init))
+        return model
+
+    def _latencies_before_training(
+        self, model: nn.Module, cfg: DictConfig, keys: Mapping[str, dict], workdir: Path
+    ) -> dict[str, float | None]:
+        """Backend -> this architecture's p50 latency there, from the study's latency table;
+        keys it lacks are measured now on the untrained model, in interleaved rounds. None
+        where the untrained model would not convert (the trained one is timed instead)."""
+        ctx = self.context
+        table = ctx.latency_table()
+        missing = [b for b, key in keys.items() if table.round_count(digest_of(key)) == 0]
+        if missing:
+            model.eval()
+            loaded = {}
+            # Conversions and timing must not move the random stream training starts from.
+            with torch.random.fork_rng():
+                for backend in missing:
+                    try:
+                        loaded[backend] = convert(
+                            backend,
+                            model,
+                            ModelRecipe.of(cfg.model, ctx.factory.num_labels),
+                            ctx.example,
+                            cfg.deploy,
+                            workdir / backend,
+                            ctx.calibration,
+                        ).logits_of
+                    except Exception as exc:  # timed after training instead
+                        console.untimed_before_training(backend, f"{type(exc).__name__}: {exc}")
+                rounds = time_rounds(loaded, ctx.example, ctx.protocol) if loaded else {}
+            for backend, timings in rounds.items():
+                record_session(ctx.storage, ctx.study_id, keys[backend], timings)
+            table = ctx.latency_table()
+        results = {b: table.result(digest_of(key)) for b, key in keys.items()}
+        console.latencies_before_training(results, measured=list(rounds) if missing else [])
+        return {b: None if r is None else r.p50_ms for b, r in results.items()}
+
     def _train(
         self,
+        model: nn.Module,
         cfg: DictConfig,
         params: dict[str, Any],
         architecture: dict[str, Any],
         run_id: str,
         trial: optuna.Trial,
         configuration: int,
+        keys: Mapping[str, dict],
+        latencies: Mapping[str, float | None],
     ) -> _Trained:
         ctx = self.context
-        model = ctx.factory.build(cfg.model, int(cfg.train.seed))
-        torch.manual_seed(int(cfg.train.seed))
-        apply_edits(model, cfg.model)
-        initialise_new_layers(model.new_layers(), str(cfg.train.init))
+        curve: list[float] = []
 
-        def log_epoch(epoch) -> None:
+        def end_of_epoch(epoch: EpochResult) -> None:
             metrics = {"train_loss": epoch.train_loss, "val_accuracy": epoch.val_accuracy}
             ctx.tracker.log_metrics(run_id, metrics, step=epoch.epoch)
+            curve.append(epoch.val_accuracy)
+            trial.set_user_attr(CURVE_ATTR, curve)
+            if ctx.pruning.enabled:
+                trials = ctx.study_trials()
+                reason = stop_reason(
+                    epoch.val_accuracy,
+                    epoch.epoch,
+                    int(cfg.train.epochs),
+                    latencies,
+                    trials,
+                    points_of(trials, ctx.constraints, ctx.latency_table()),
+                    ctx.constraints,
+                    ctx.pruning,
+                )
+                if reason:
+                    raise optuna.TrialPruned(reason)
 
         def step_done(done: int, total: int, loss: float) -> None:
             raise_if_interrupted()
@@ -374,7 +477,7 @@ class Objective:
                 cfg.train,
                 batch_loss(ctx.serving.modality.name, cfg.train, ctx.factory.num_labels),
                 on_step=step_done,
-                on_epoch=log_epoch,
+                on_epoch=end_of_epoch,
             )
         reference = Reference(result.val_logits, ctx.val_data.labels)
         trial.set_user_attr(EAGER_ACCURACY_ATTR, reference.accuracy)
@@ -389,10 +492,16 @@ class Objective:
             configuration,
             trial.number,
             baseline,
+            {backend: digest_of(key) for backend, key in keys.items()},
         )
 
     def _deploy_everywhere(
-        self, trained: _Trained, backends: Sequence[str], cfg: DictConfig, workdir: Path
+        self,
+        trained: _Trained,
+        backends: Sequence[str],
+        cfg: DictConfig,
+        workdir: Path,
+        keys: Mapping[str, dict],
     ) -> dict[str, BackendResult]:
         ctx = self.context
         recipe = ModelRecipe.of(cfg.model, ctx.factory.num_labels)
@@ -410,10 +519,26 @@ class Objective:
                 cfg.deploy,
                 workdir / backend,
                 ctx.calibration,
+                timer=lambda logits_of, key=keys[backend]: self._latency(logits_of, key),
             )
             console.backend_result(result)
             results[backend] = result
         return results
+
+    def _latency(self, logits_of, key: Mapping[str, Any]) -> LatencyResult:
+        """The key's latency from the study's table. A key it lacks (the untrained model would
+        not convert) is measured now; one with fewer than `max_rounds` rounds gets one more,
+        timed on this deployed artifact."""
+        ctx = self.context
+        digest = digest_of(key)
+        have = ctx.latency_table().round_count(digest)
+        if have < ctx.protocol.max_rounds:
+            rounds = None if have == 0 else 1
+            timings = time_rounds({"": logits_of}, ctx.example, ctx.protocol, rounds)[""]
+            record_session(ctx.storage, ctx.study_id, key, timings)
+        result = ctx.latency_table().result(digest)
+        assert result is not None
+        return result
 
     def _joining_front(self, results: Mapping[str, BackendResult], trained: _Trained) -> set[str]:
         """The backends whose points are on the feasible front once this model's points join
@@ -426,7 +551,7 @@ class Objective:
 
         existing = [
             (p.val_accuracy, p.latency_ms_p50)
-            for p in points_of(ctx.study_trials())
+            for p in points_of(ctx.study_trials(), latencies=ctx.latency_table())
             if feasible(p.val_accuracy, p.latency_ms_p50)
         ]
         new = {
@@ -459,6 +584,7 @@ class Objective:
         )
         ctx.tracker.set_tags(run_id, {"tuner.retrain": retrain_command(overrides)})
         set_attr(CONFIGURATION_ATTR, trained.configuration)
+        set_attr(LATENCY_KEY_ATTR, trained.latency_keys.get(result.backend))
         if result.error:
             reason = f"backend {result.backend}: {result.error}"
             set_attr("fail_reason", reason)
@@ -466,7 +592,13 @@ class Objective:
             ctx.tracker.fail(run_id, reason)
             return {}
         metrics = result.metrics()
-        for name in ("latency_ms_p95", "model_size_mb", "agreement_with_eager"):
+        for name in (
+            "latency_ms_p95",
+            "latency_rounds",
+            "latency_spread_pct",
+            "model_size_mb",
+            "agreement_with_eager",
+        ):
             set_attr(name, metrics[name])
         final = {**metrics, "train_seconds": trained.result.seconds}
         ctx.tracker.log_metrics(run_id, final, step=len(trained.result.epochs))
@@ -561,6 +693,14 @@ class Objective:
         ctx.tracker.close_abandoned(str(ctx.cfg.study.name), trial.number, reason, "KILLED")
         frozen = ctx.storage.get_trial(trial_id_of(trial))
         requeue(ctx.storage, ctx.study_id, frozen, ctx.max_retry)
+
+    def _pruned(self, trial: optuna.Trial, run_id: str, reason: str) -> None:
+        """Not trained further: the run is closed KILLED with the reason (its epochs so far
+        stay), and Optuna records the trial PRUNED, which samplers read as a poor one."""
+        trial.set_user_attr(PRUNED_ATTR, reason)
+        self.context.tracker.set_tags(run_id, {"tuner.pruned": "true"})
+        self.context.tracker.close(run_id, "KILLED", reason)
+        console.trial_pruned(trial.number, reason)
 
     def _fail(self, trial: optuna.Trial, run_id: str, exc: Exception) -> None:
         reason = f"{type(exc).__name__}: {exc}"

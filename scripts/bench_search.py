@@ -1,0 +1,220 @@
+"""Hypervolume against wall-clock seconds, per sampler, with and without early stopping.
+
+Each configuration runs one small real study (`python -m tuner` in a fresh directory) per seed;
+runs are interleaved (seed by seed, every configuration in turn), so a drift of the machine's
+speed lands on all of them. Every run's hypervolume is recomputed from its study after the
+fact against one common reference point, at each moment a point completed, so the curves are
+comparable:
+
+    python scripts/bench_search.py --seeds 0 1 2 --samplers tpe nsga2 gp random \
+        --pruning off on --plot docs/img/bench_search.png
+
+Extra arguments after `--` are Hydra overrides for every run (default: the resnet_mixup
+experiment on digits, shrunk to seconds per trial). The first configuration is the reference
+("today": TPE, no early stopping); the table says when each other one's median curve reached the
+reference's final median hypervolume, as a share of the reference's median wall time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import optuna
+
+from tuner.backends.cpu import isa_flags
+from tuner.front import study_points
+from tuner.latency import cpu_model
+from tuner.pareto import hypervolume
+
+STUDY = "bench_search"
+DEFAULT_STUDY = [
+    "+experiment=resnet_mixup",
+    "data=digits",
+    "data.max_train_samples=1000",
+    "data.max_val_samples=300",
+    "train.epochs=4",
+    "train.cutmix_alpha=0",
+    "search_space={deploy.backend:'choice(eager,onnxruntime)'}",
+    "deploy.latency.repeats=20",
+    "deploy.latency.warmup=3",
+    "study.n_trials=12",
+]
+
+
+@dataclass(frozen=True)
+class Run:
+    sampler: str
+    pruning: bool
+    seed: int
+    wall_seconds: float
+    # (seconds since launch, hypervolume) at each completed point.
+    curve: list[tuple[float, float]]
+    pruned: int
+
+    @property
+    def label(self) -> str:
+        return f"{self.sampler}{' + early stopping' if self.pruning else ''}"
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--samplers", nargs="+", default=["tpe", "nsga2", "gp", "random"])
+    parser.add_argument("--pruning", nargs="+", choices=["off", "on"], default=["off", "on"])
+    parser.add_argument(
+        "--reference-latency",
+        type=float,
+        default=None,
+        help="the common hypervolume reference's latency (ms); default: twice the slowest point "
+        "of every run",
+    )
+    parser.add_argument("--plot", type=Path, default=None, help="write the plot here (PNG)")
+    parser.add_argument("--json", type=Path, default=None, help="write every run's curve here")
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides for every run")
+    return parser.parse_args()
+
+
+def run_study(workdir: Path, sampler: str, pruning: bool, seed: int, overrides: list[str]):
+    command = [
+        sys.executable,
+        "-m",
+        "tuner",
+        *(overrides or DEFAULT_STUDY),
+        f"study.name={STUDY}",
+        f"study.sampler={sampler}",
+        f"study.seed={seed}",
+        f"study.pruning.enabled={str(pruning).lower()}",
+        f"study.storage=sqlite:///{workdir}/optuna.db",
+        f"tracking.uri=sqlite:///{workdir}/mlflow.db",
+        f"hydra.run.dir={workdir}/outputs",
+    ]
+    launched = time.time()
+    result = subprocess.run(command, cwd=workdir, capture_output=True, text=True)
+    wall = time.time() - launched
+    if result.returncode != 0:
+        raise SystemExit(f"study failed ({' '.join(command)}):\n{result.stdout}\n{result.stderr}")
+    study = optuna.load_study(study_name=STUDY, storage=f"sqlite:///{workdir}/optuna.db")
+    return study, launched, wall
+
+
+def completed_points(study: optuna.Study, launched: float) -> list[tuple[float, float, float]]:
+    """(seconds since launch, accuracy, latency) of every feasible point, in completion order."""
+    finished = {t.number: t.datetime_complete.timestamp() for t in study.get_trials()}
+    points = [
+        (finished[p.trial_number] - launched, p.val_accuracy, p.latency_ms_p50)
+        for p in study_points(study)
+        if p.feasible
+    ]
+    return sorted(points)
+
+
+def curve_of(points: list[tuple[float, float, float]], reference: tuple[float, float]):
+    return [
+        (seconds, hypervolume([(a, lat) for _, a, lat in points[: index + 1]], reference))
+        for index, (seconds, _, _) in enumerate(points)
+    ]
+
+
+def value_at(curve: list[tuple[float, float]], seconds: float) -> float:
+    reached = [hv for t, hv in curve if t <= seconds]
+    return reached[-1] if reached else 0.0
+
+
+def summarise(runs: list[Run], grid: np.ndarray) -> dict[str, dict]:
+    """Per configuration: the median and range of hypervolume over the time grid, final
+    hypervolume and wall time."""
+    summary: dict[str, dict] = {}
+    for label in dict.fromkeys(run.label for run in runs):
+        group = [run for run in runs if run.label == label]
+        values = np.array([[value_at(run.curve, t) for t in grid] for run in group])
+        summary[label] = {
+            "median": np.median(values, axis=0),
+            "low": values.min(axis=0),
+            "high": values.max(axis=0),
+            "final": [run.curve[-1][1] if run.curve else 0.0 for run in group],
+            "wall": [run.wall_seconds for run in group],
+            "pruned": [run.pruned for run in group],
+        }
+    return summary
+
+
+def main() -> None:
+    args = parse_args()
+    configurations = [(s, p == "on") for s in args.samplers for p in args.pruning]
+    raw = []
+    for seed in args.seeds:
+        for sampler, pruning in configurations:
+            with tempfile.TemporaryDirectory(prefix="bench-search-") as tmp:
+                study, launched, wall = run_study(Path(tmp), sampler, pruning, seed, args.overrides)
+                pruned = len(study.get_trials(states=(optuna.trial.TrialState.PRUNED,)))
+                raw.append(
+                    (sampler, pruning, seed, wall, completed_points(study, launched), pruned)
+                )
+            print(
+                f"{sampler} pruning={pruning} seed={seed}: {wall:.0f} s, {pruned} pruned",
+                flush=True,
+            )
+    latency = args.reference_latency or 2.0 * max(lat for *_, pts, _ in raw for _, _, lat in pts)
+    reference = (0.0, latency)
+    runs = [
+        Run(sampler, pruning, seed, wall, curve_of(points, reference), pruned)
+        for sampler, pruning, seed, wall, points, pruned in raw
+    ]
+    grid = np.linspace(0.0, max(run.wall_seconds for run in runs), 200)
+    summary = summarise(runs, grid)
+    baseline_label = runs[0].label
+    baseline = summary[baseline_label]
+    target = float(np.median(baseline["final"]))
+    baseline_wall = float(np.median(baseline["wall"]))
+
+    print(f"\nCPU: {cpu_model()}; flags: {isa_flags()}")
+    print(f"Reference point: accuracy 0, latency {latency:.3g} ms; seeds {args.seeds}")
+    print(
+        f"Target: {baseline_label}'s final median hypervolume {target:.4g}, reached in "
+        f"{baseline_wall:.0f} s (its median wall time)\n"
+    )
+    print(
+        "| configuration | final hypervolume, median [min-max] | wall s, median [min-max] "
+        "| pruned trials | reaches the target at | share of the reference's time |"
+    )
+    print("|---|---|---|---|---|---|")
+    for label, row in summary.items():
+        reached = next((t for t, hv in zip(grid, row["median"], strict=True) if hv >= target), None)
+        at = "never" if reached is None else f"{reached:.0f} s"
+        share = "-" if reached is None else f"{100 * reached / baseline_wall:.0f}%"
+        print(
+            f"| {label} | {np.median(row['final']):.4g} [{min(row['final']):.4g}-"
+            f"{max(row['final']):.4g}] | {np.median(row['wall']):.0f} [{min(row['wall']):.0f}-"
+            f"{max(row['wall']):.0f}] | {sum(row['pruned'])} | {at} | {share} |"
+        )
+    if args.json:
+        args.json.write_text(json.dumps([run.__dict__ | {"label": run.label} for run in runs]))
+    if args.plot:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        figure, axes = plt.subplots(figsize=(8, 5))
+        for label, row in summary.items():
+            (line,) = axes.plot(grid, row["median"], label=label)
+            axes.fill_between(grid, row["low"], row["high"], color=line.get_color(), alpha=0.15)
+        axes.axhline(target, color="grey", linestyle=":", label=f"target ({baseline_label} final)")
+        axes.set_xlabel("wall-clock seconds since launch")
+        axes.set_ylabel("hypervolume (accuracy x ms)")
+        axes.set_title(f"Hypervolume over time: median and range of {len(args.seeds)} seeds")
+        axes.legend(fontsize=8)
+        figure.tight_layout()
+        figure.savefig(args.plot, dpi=120)
+
+
+if __name__ == "__main__":
+    main()

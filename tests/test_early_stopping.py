@@ -1,0 +1,102 @@
+"""Early stopping under two objectives, on hand-made studies whose bounds are worked out by
+hand: curves, a front, and the optimistic point of a running trial."""
+
+from __future__ import annotations
+
+import optuna
+import pytest
+
+from tuner.constraints import Constraints
+from tuner.early_stopping import (
+    PruningSettings,
+    backend_gains,
+    gain_still_to_come,
+    over_budget_reason,
+    stop_reason,
+)
+from tuner.front import points_of
+
+COMPLETE = optuna.trial.TrialState.COMPLETE
+
+
+def _trial(number, accuracy, latency, backend, eager, curve=None, trained_in=None):
+    attrs = {"deploy.backend": backend, "reference_accuracy": eager}
+    if curve is not None:
+        attrs["val_accuracy_curve"] = curve
+    if trained_in is not None:
+        attrs["trained_in_trial"] = trained_in
+    trial = optuna.trial.create_trial(state=COMPLETE, values=[accuracy, latency], user_attrs=attrs)
+    trial.number = number
+    return trial
+
+
+# Two trained configurations of three epochs; the second also has an int8 point that beat its
+# eager model by 0.01. The front: #0 (0.80, 10 ms) and #2 (0.73, 3 ms), which dominates #1.
+TRIALS = [
+    _trial(0, 0.80, 10.0, "eager", 0.80, curve=[0.50, 0.70, 0.80]),
+    _trial(1, 0.72, 5.0, "eager", 0.72, curve=[0.60, 0.65, 0.72]),
+    _trial(2, 0.73, 3.0, "int8", 0.72, trained_in=1),
+]
+ON = PruningSettings(enabled=True, min_epochs=1, margin=0.02, n_startup_trials=2)
+
+
+def _reason(accuracy, epoch, latencies, settings=ON, constraints=None):
+    constraints = constraints or Constraints()
+    points = points_of(TRIALS, constraints)
+    return stop_reason(accuracy, epoch, 3, latencies, TRIALS, points, constraints, settings)
+
+
+def test_the_front_is_as_worked_out():
+    assert [p.trial_number for p in points_of(TRIALS) if p.pareto] == [0, 2]
+
+
+def test_gain_still_to_come_is_the_largest_of_complete_curves():
+    # From epoch 1: 0.80 - 0.50 and 0.72 - 0.60; from epoch 2: 0.10 and 0.07.
+    assert gain_still_to_come(TRIALS, 1, 3, 2) == pytest.approx(0.30)
+    assert gain_still_to_come(TRIALS, 2, 3, 2) == pytest.approx(0.10)
+    assert gain_still_to_come(TRIALS, 2, 3, 3) is None  # too few complete curves
+    assert gain_still_to_come(TRIALS, 1, 4, 2) is None  # none trained four epochs
+
+
+def test_backend_gains_are_points_over_their_eager_model():
+    assert backend_gains(TRIALS) == pytest.approx({"eager": 0.0, "int8": 0.01})
+
+
+def test_a_trial_none_of_whose_points_can_join_is_stopped():
+    # Epoch 2 at 0.58: eager can reach 0.58 + 0.10 + 0.02 = 0.70 at 12 ms (#0 has 0.80 at 10);
+    # int8 0.71 at 4 ms (#2 has 0.73 at 3).
+    reason = _reason(0.58, 2, {"eager": 12.0, "int8": 4.0})
+    assert reason is not None
+    assert "dominated by trial #0" in reason and "dominated by trial #2" in reason
+    assert "epoch 2 of 3" in reason
+
+
+def test_a_trial_with_one_point_that_can_join_goes_on():
+    # The same, but int8 at 2.5 ms would be the fastest point of all.
+    assert _reason(0.58, 2, {"eager": 12.0, "int8": 2.5}) is None
+    # Earlier, the larger gain still to come lets eager pass #0: 0.58 + 0.30 + 0.02 = 0.90.
+    assert _reason(0.58, 1, {"eager": 12.0, "int8": 4.0}) is None
+
+
+def test_infeasible_points_cannot_join():
+    # With at most 5 points below the best eager model (0.80), int8's 0.71 at 2.5 ms is
+    # infeasible and eager's 0.70 dominated.
+    constraints = Constraints(max_accuracy_drop=0.05)
+    reason = _reason(0.58, 2, {"eager": 12.0, "int8": 2.5}, constraints=constraints)
+    assert reason is not None and "infeasible" in reason
+
+
+def test_nothing_is_stopped_without_enough_knowledge_or_when_off():
+    latencies = {"eager": 12.0, "int8": 4.0}
+    assert _reason(0.58, 2, latencies, settings=PruningSettings()) is None  # off
+    late_start = PruningSettings(enabled=True, min_epochs=3, margin=0.02, n_startup_trials=2)
+    assert _reason(0.58, 2, latencies, settings=late_start) is None
+    assert _reason(0.58, 2, {"eager": 12.0, "int8": None}) is None  # a latency unknown
+    assert _reason(0.58, 3, latencies) is None  # the last epoch: nothing left to save
+
+
+def test_over_budget_only_when_every_backend_is_known_and_over():
+    assert "study.latency_budget_ms=3" in over_budget_reason({"a": 12.0, "b": 4.0}, 3.0)
+    assert over_budget_reason({"a": 12.0, "b": 4.0}, 5.0) is None
+    assert over_budget_reason({"a": 12.0, "b": None}, 3.0) is None
+    assert over_budget_reason({"a": 12.0}, None) is None

@@ -1,0 +1,142 @@
+"""The latency protocol's rounds, and the study's latency table: keys, sessions, sharing."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import optuna
+import pytest
+from omegaconf import OmegaConf
+
+from tuner.backends import ExampleInputs
+from tuner.latency import LatencyProtocol, LatencyResult, time_rounds
+from tuner.latency_table import LatencyTable, digest_of, latency_key, record_session
+from tuner.optuna_compat import study_id_of
+
+PROTOCOL_RECORD = {"latency.seq_len": 16, "latency.cpu": "test CPU", "latency.cpu_flags": "avx2"}
+DEPLOY = OmegaConf.create(
+    {"backend": "eager", "latency": {"repeats": 3}, "onnx": {"opset": 17}, "compile": {}}
+)
+
+
+def test_latency_of_rounds_is_the_median_of_round_medians():
+    result = LatencyResult.of_rounds([[1, 2, 3], [4, 5, 6], [10, 11, 12]])
+    # Round medians 2, 5, 11: their median is 5; quartiles 3.5 and 8 (linear) give an
+    # interquartile range of 4.5, 90% of 5. The 95th percentile of the nine calls (sorted
+    # 1..6, 10, 11, 12) lies 0.6 of the way from 11 to 12.
+    assert result.p50_ms == 5
+    assert result.spread_pct == pytest.approx(90.0)
+    assert result.p95_ms == pytest.approx(11.6)
+    assert result.rounds == 3 and result.min_ms == 1 and result.max_ms == 12
+
+
+def test_one_round_has_no_spread():
+    result = LatencyResult.of_rounds([[3, 1, 2]])
+    assert (result.p50_ms, result.spread_pct, result.rounds) == (2, 0.0, 1)
+
+
+def test_rounds_interleave_the_backends():
+    calls: list[str] = []
+
+    def recorder(name):
+        def call(*_):
+            calls.append(name)
+
+        return call
+
+    protocol = LatencyProtocol(1, 16, 1, warmup=1, repeats=4, rounds=2, max_rounds=2)
+    example = ExampleInputs((), (), {})
+    timings = time_rounds({"a": recorder("a"), "b": recorder("b")}, example, protocol)
+    # Warm-up once each; then per round each in turn, 4 // 2 timed calls, with one untimed
+    # call before each later round.
+    assert "".join(calls) == "ab" + "aabb" + "aaabbb"
+    assert [len(r) for r in timings["a"]] == [2, 2] and [len(r) for r in timings["b"]] == [2, 2]
+
+
+def _model(**changes):
+    return OmegaConf.create(
+        {
+            "family": "hf_encoder",
+            "ffn_width": None,
+            "num_layers": None,
+            "ffn_width_fraction": None,
+            "num_layers_fraction": None,
+            "dropout": 0.1,
+            "random_init": False,
+            **changes,
+        }
+    )
+
+
+def _digest(model, architecture=None, backend="eager", deploy=DEPLOY, record=PROTOCOL_RECORD):
+    return digest_of(latency_key(model, architecture or {}, backend, deploy, record))
+
+
+def test_a_relative_edit_and_the_absolute_width_it_stands_for_share_a_key():
+    relative = _digest(_model(ffn_width_fraction=0.667), {"model.ffn_width": 1024})
+    assert relative == _digest(_model(ffn_width=1024))
+    assert relative != _digest(_model(ffn_width=512))
+
+
+def test_what_does_not_change_the_timed_graph_is_not_in_the_key():
+    base = _digest(_model())
+    assert _digest(_model(dropout=0.3, random_init=True)) == base
+    # The backend being chosen and the latency protocol's own node are keyed elsewhere.
+    assert _digest(_model(), deploy=OmegaConf.merge(DEPLOY, {"backend": "onnxruntime"})) == base
+
+
+def test_backend_settings_protocol_and_machine_are_in_the_key():
+    base = _digest(_model())
+    assert _digest(_model(), backend="onnxruntime") != base
+    assert _digest(_model(), deploy=OmegaConf.merge(DEPLOY, {"onnx": {"opset": 18}})) != base
+    assert _digest(_model(), record={**PROTOCOL_RECORD, "latency.seq_len": 32}) != base
+    assert _digest(_model(), record={**PROTOCOL_RECORD, "latency.cpu_flags": "avx512f"}) != base
+
+
+def _storage(path):
+    storage = optuna.storages.RDBStorage(f"sqlite:///{path}")
+    study = optuna.create_study(storage=storage, study_name="s", directions=["maximize"] * 2)
+    return storage, study_id_of(study)
+
+
+def test_sessions_of_one_key_pool_their_rounds_in_time_order(tmp_path):
+    storage, study_id = _storage(tmp_path / "a.db")
+    key = latency_key(_model(), {}, "eager", DEPLOY, PROTOCOL_RECORD)
+    other = latency_key(_model(), {}, "onnxruntime", DEPLOY, PROTOCOL_RECORD)
+    table = LatencyTable.of_study(storage, study_id)
+    assert table.result(digest_of(key)) is None and table.round_count(digest_of(key)) == 0
+    record_session(storage, study_id, key, [[4.0, 4.0], [6.0, 6.0]])
+    record_session(storage, study_id, other, [[1.0]])
+    record_session(storage, study_id, key, [[5.0, 5.0]])
+    table = LatencyTable.of_study(storage, study_id)
+    assert table.rounds[digest_of(key)] == [[4.0, 4.0], [6.0, 6.0], [5.0, 5.0]]
+    assert table.result(digest_of(key)).p50_ms == 5.0
+    assert table.result(digest_of(other)).p50_ms == 1.0
+
+
+_WRITER = """
+import sys, optuna
+from omegaconf import OmegaConf
+from tuner.latency_table import latency_key, record_session
+storage = optuna.storages.RDBStorage(sys.argv[1])
+study_id = storage.get_study_id_from_name("s")
+key = latency_key(OmegaConf.create({"family": "timm"}), {}, "eager", OmegaConf.create({}), {})
+for value in sys.argv[2:]:
+    record_session(storage, study_id, key, [[float(value)]])
+"""
+
+
+def test_two_processes_on_one_storage_share_the_table_and_lose_no_session(tmp_path):
+    url = f"sqlite:///{tmp_path / 'shared.db'}"
+    storage, study_id = _storage(tmp_path / "shared.db")
+    workers = [
+        subprocess.Popen([sys.executable, "-c", _WRITER, url, *values])
+        for values in (["1", "2", "3"], ["7", "8", "9"])
+    ]
+    assert all(worker.wait(timeout=120) == 0 for worker in workers)
+    key = latency_key(OmegaConf.create({"family": "timm"}), {}, "eager", OmegaConf.create({}), {})
+    table = LatencyTable.of_study(storage, study_id)
+    # Six one-call rounds from two writers: none overwrote another's session.
+    assert sorted(r[0] for r in table.rounds[digest_of(key)]) == [1, 2, 3, 7, 8, 9]
+    assert table.result(digest_of(key)).p50_ms == 5.0

@@ -1,0 +1,142 @@
+"""Latency before training, the latency budget and early stopping in real studies: a tiny
+ResNet on digits, trained in this process, with a sampler that scripts the learning rate so that
+the learning curves are known in advance (lr 1e-9 learns nothing; equal params train alike)."""
+
+from __future__ import annotations
+
+import optuna
+import pytest
+from mlflow.tracking import MlflowClient
+
+from tuner.config import compose_config
+from tuner.early_stopping import CURVE_ATTR, PRUNED_ATTR
+from tuner.front import failures_of, study_points
+from tuner.latency_table import LatencyTable
+from tuner.samplers import SAMPLERS
+from tuner.study import run_study
+
+pytestmark = pytest.mark.slow
+
+TrialState = optuna.trial.TrialState
+STUDY = "resnet_mixup-smoke"
+# One architecture and one backend; only the learning rate is searched.
+FIXED = (
+    "+experiment=resnet_mixup",
+    "debug=smoke",
+    "data=digits",
+    "data.max_train_samples=1200",
+    "data.max_val_samples=300",
+    "train.weight_decay=0",
+    "train.grad_clip_norm=0",
+    "train.init=auto",
+    "train.mixup_alpha=0",
+    "train.cutmix_alpha=0",
+    "model.width_multiplier=0.25",
+    "model.depth=1",
+    "deploy.backend=eager",
+    "search_space={train.lr:'choice(0.003,1e-9)'}",
+    "study.sampler=test_scripted_lr",
+)
+_script: list[float] = []
+
+
+class _ScriptedLearningRate(optuna.samplers.RandomSampler):
+    """Draws `train.lr` from `_script`, in order."""
+
+    def sample_independent(self, study, trial, param_name, param_distribution):
+        if param_name == "train.lr":
+            return _script.pop(0)
+        return super().sample_independent(study, trial, param_name, param_distribution)
+
+
+SAMPLERS.register("test_scripted_lr")(lambda seed: _ScriptedLearningRate(seed=seed))
+
+
+@pytest.fixture
+def study_dir(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # MLflow's artifacts go under the working directory
+    return tmp_path
+
+
+def _run(directory, learning_rates, *overrides: str):
+    _script[:] = learning_rates
+    args = [
+        *FIXED,
+        f"study.storage=sqlite:///{directory}/optuna.db",
+        f"tracking.uri=sqlite:///{directory}/mlflow.db",
+        *overrides,
+    ]
+    run_study(compose_config(args), overrides=args)
+    assert not _script, "every scripted learning rate was drawn"
+    study = optuna.load_study(study_name=STUDY, storage=f"sqlite:///{directory}/optuna.db")
+    return study, MlflowClient(f"sqlite:///{directory}/mlflow.db")
+
+
+def _run_of(client: MlflowClient, trial: optuna.trial.FrozenTrial):
+    return client.get_run(trial.user_attrs["mlflow_run_id"])
+
+
+def test_a_configuration_over_the_latency_budget_is_not_trained(study_dir):
+    study, client = _run(study_dir, [0.003, 0.003], "study.latency_budget_ms=0.0001")
+    trials = study.get_trials()
+    assert [t.state for t in trials] == [TrialState.PRUNED, TrialState.PRUNED]
+    for trial in trials:
+        assert (
+            "over study.latency_budget_ms=0.0001 before training" in trial.user_attrs[PRUNED_ATTR]
+        )
+        assert CURVE_ATTR not in trial.user_attrs  # no epoch was trained
+        run = _run_of(client, trial)
+        assert run.info.status == "KILLED" and run.data.tags["tuner.pruned"] == "true"
+        assert "before training" in run.data.tags["failure_reason"]
+        assert client.get_metric_history(run.info.run_id, "train_loss") == []
+    # Pruned, not failed: nothing is retried or reported as a failure.
+    assert failures_of(trials).trials == 0 and failures_of(trials).points == 0
+    # The latency was measured once, before training, and is kept for the next trial.
+    table = LatencyTable.of_attrs(study.user_attrs)
+    assert [len(rounds) for rounds in table.rounds.values()] == [5]
+
+
+def test_a_curve_that_cannot_reach_the_front_is_stopped_and_one_that_can_goes_on(study_dir):
+    # Two equal trials set the front and the gain still to come; lr 1e-9 stays near chance;
+    # the last repeats the first trial, so its curve is the one that made the front.
+    study, client = _run(
+        study_dir,
+        [0.003, 0.003, 1e-9, 0.003],
+        "train.epochs=3",
+        "study.n_trials=4",
+        "study.pruning.enabled=true",
+    )
+    trials = study.get_trials()
+    states = [t.state for t in trials]
+    assert states == [TrialState.COMPLETE] * 2 + [TrialState.PRUNED, TrialState.COMPLETE]
+    first, _, stopped, repeat = trials
+    assert first.user_attrs[CURVE_ATTR][-1] > 0.5, "the scripted good trial learns"
+    # Stopped at the first epoch it could be, with its partial curve kept.
+    assert len(stopped.user_attrs[CURVE_ATTR]) == 1
+    assert "no point can join the front" in stopped.user_attrs[PRUNED_ATTR]
+    run = _run_of(client, stopped)
+    assert (
+        run.info.status == "KILLED" and "stopped after epoch 1" in run.data.tags["failure_reason"]
+    )
+    assert len(client.get_metric_history(run.info.run_id, "val_accuracy")) == 1
+    # The repeat trained alike, could always reach the front, and ran to the end.
+    assert repeat.user_attrs[CURVE_ATTR] == first.user_attrs[CURVE_ATTR]
+    assert _run_of(client, repeat).info.status == "FINISHED"
+    assert failures_of(trials).trials == 0
+
+    # Every point of the one architecture has the table's one latency: 5 rounds before the
+    # first trial trained, one more per deployed model (the stopped one deployed nothing).
+    table = LatencyTable.of_attrs(study.user_attrs)
+    (rounds,) = table.rounds.values()
+    assert len(rounds) == 5 + 3
+    latencies = {p.latency_ms_p50 for p in study_points(study)}
+    assert latencies == {table.result(first.user_attrs["latency_key"]).p50_ms}
+
+    # A resume reuses the table: nothing is measured before training, one round is added.
+    study, _ = _run(
+        study_dir, [0.003], "train.epochs=3", "study.n_trials=5", "study.pruning.enabled=true"
+    )
+    table = LatencyTable.of_attrs(study.user_attrs)
+    (rounds,) = table.rounds.values()
+    assert len(rounds) == 5 + 4
+    assert study.get_trials()[-1].state == TrialState.COMPLETE

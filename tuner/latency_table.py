@@ -1,0 +1,122 @@
+"""The study's latency table: latency as a property of (architecture, backend, protocol,
+machine), measured once and shared by every trial, worker and resume of the study.
+
+The weights of a model do not change how fast it runs, so the first trial that meets a key
+measures it (before training, on the untrained model, interleaved across backends) and later
+trials with the same key reuse it; each may add a round (`LatencyProtocol.max_rounds`) but none
+starts over. Points of one architecture and backend therefore share one latency.
+
+The table lives in the study's own storage as Optuna study user attributes, one per measurement
+session (`latency:<key digest>:<session>`), each written once, whole, after its last round: a
+worker that dies mid-measurement leaves nothing half-done, and two workers measuring one key at
+once both add their rounds instead of overwriting each other.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import os
+import socket
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import optuna
+from omegaconf import DictConfig, OmegaConf
+
+from tuner.edits import SAME_EDIT
+from tuner.latency import LatencyResult
+
+_PREFIX = "latency:"
+# Model keys that change training but not the graph that is timed.
+_TRAINING_ONLY = frozenset({"random_init", "dropout", "drop_rate"})
+# Deploy keys that are the protocol (in the key on their own) or choose the backend.
+_NOT_IN_DEPLOY_KEY = frozenset({"backend", "latency"})
+
+
+def latency_key(
+    model_cfg: DictConfig,
+    architecture: Mapping[str, Any],
+    backend: str,
+    deploy_cfg: DictConfig,
+    protocol_record: Mapping[str, Any],
+) -> dict[str, Any]:
+    """What decides a latency: the architecture (relative edits as the absolute values they
+    stand for, so `ffn_width_fraction=0.667` and `ffn_width=1024` are one key), the backend and
+    its settings, the protocol, the input shape and the machine (CPU model, instruction sets,
+    library versions, all in `protocol_record`)."""
+    model = OmegaConf.to_container(model_cfg, resolve=True)
+    assert isinstance(model, dict)
+    for absolute, relative in SAME_EDIT:
+        if model.get(relative) is not None:
+            model[absolute] = architecture[f"model.{absolute}"]
+            model[relative] = None
+    deploy = OmegaConf.to_container(deploy_cfg, resolve=True)
+    assert isinstance(deploy, dict)
+    return {
+        "model": {k: v for k, v in model.items() if k not in _TRAINING_ONLY},
+        "backend": backend,
+        "deploy": {k: v for k, v in deploy.items() if k not in _NOT_IN_DEPLOY_KEY},
+        "protocol": dict(protocol_record),
+    }
+
+
+def digest_of(key: Mapping[str, Any]) -> str:
+    text = json.dumps(key, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+
+@dataclass(frozen=True)
+class LatencyTable:
+    """The measured rounds of every key of a study, as read at one moment."""
+
+    rounds: dict[str, list[list[float]]] = field(default_factory=dict)
+
+    @classmethod
+    def of_attrs(cls, user_attrs: Mapping[str, Any]) -> LatencyTable:
+        """Pool the sessions of each key; sessions in time order, so rounds are too."""
+        sessions: dict[str, list[tuple[str, list[list[float]]]]] = {}
+        for name, session in user_attrs.items():
+            if not name.startswith(_PREFIX) or not isinstance(session, dict):
+                continue
+            digest = name[len(_PREFIX) :].split(":", 1)[0]
+            sessions.setdefault(digest, []).append((str(session.get("at", "")), session["rounds"]))
+        return cls(
+            {
+                digest: [r for _, rounds in sorted(found, key=lambda s: s[0]) for r in rounds]
+                for digest, found in sessions.items()
+            }
+        )
+
+    @classmethod
+    def of_study(cls, storage: optuna.storages.BaseStorage, study_id: int) -> LatencyTable:
+        return cls.of_attrs(storage.get_study_user_attrs(study_id))
+
+    def result(self, digest: str | None) -> LatencyResult | None:
+        """The key's latency, or None while it has not been measured."""
+        rounds = self.rounds.get(digest or "")
+        return LatencyResult.of_rounds(rounds) if rounds else None
+
+    def round_count(self, digest: str) -> int:
+        return len(self.rounds.get(digest, []))
+
+
+def record_session(
+    storage: optuna.storages.BaseStorage,
+    study_id: int,
+    key: Mapping[str, Any],
+    rounds: Sequence[Sequence[float]],
+) -> None:
+    """Add one finished measurement session of `key` to the study's table."""
+    now = datetime.datetime.now(datetime.UTC).isoformat(timespec="microseconds")
+    session = {
+        "key": dict(key),
+        "rounds": [[round(value, 4) for value in r] for r in rounds],
+        "at": now,
+        "worker": f"{socket.gethostname()}:{os.getpid()}",
+    }
+    name = f"{_PREFIX}{digest_of(key)}:{uuid.uuid4().hex[:12]}"
+    storage.set_study_user_attr(study_id, name, session)
