@@ -19,8 +19,9 @@ registered one that takes the data's modality. --variants adds, for each backend
 settings of one backend are compared in the same interleaved rounds.
 
 Timing goes round-robin over the backends and the baseline, for --rounds rounds, so a slow
-spell on a shared CPU hits every backend alike; p50 and p95 pool all timed calls, and "spread"
-is the range of the per-round medians. With --study, the study's front is compared with the
+spell on a shared CPU hits every backend alike; as in a study, p50 is the median of the
+per-round medians, p95 pools all timed calls, and "spread" is the range of the per-round
+medians. With --study, the study's front is compared with the
 baseline measured here.
 """
 
@@ -34,7 +35,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-import numpy as np
 import optuna
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -49,7 +49,7 @@ from tuner.deploy import check_outputs, convert, reference_of
 from tuner.edits import apply_edits
 from tuner.errors import ConfigError
 from tuner.front import study_points
-from tuner.latency import LatencyProtocol, cpu_model, measure_latency
+from tuner.latency import LatencyProtocol, LatencyResult, cpu_model, time_rounds
 from tuner.models import build_model
 from tuner.recipe import ModelRecipe
 from tuner.space import SearchSpace
@@ -97,7 +97,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--seq-len", type=int, default=128, help="minilm: tokens per example")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--warmup", type=int, default=10, help="untimed calls per round")
+    parser.add_argument(
+        "--warmup", type=int, default=10, help="untimed calls per backend before the first round"
+    )
     parser.add_argument("--repeats", type=int, default=30, help="timed calls per round")
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--lr", type=float, help="default: 5e-5 for minilm, 1e-3 for resnet")
@@ -125,7 +127,9 @@ def config_overrides(args: argparse.Namespace) -> list[str]:
         f"deploy.latency.seq_len={args.seq_len}",
         f"deploy.latency.num_threads={args.threads}",
         f"deploy.latency.warmup={args.warmup}",
-        f"deploy.latency.repeats={args.repeats}",
+        f"deploy.latency.repeats={args.repeats * args.rounds}",
+        f"deploy.latency.rounds={args.rounds}",
+        f"deploy.latency.max_rounds={args.rounds}",
     ]
     lr = args.lr if args.lr is not None else LR[args.model]
     if lr is not None:
@@ -234,13 +238,12 @@ def bench(args: argparse.Namespace) -> int:
                 **checks,
             }
             print(f"converted {row} in {converted.seconds:.1f} s", file=sys.stderr)
-        timings: dict[str, list[list[float]]] = {name: [] for name in rows}
-        for round_index in range(args.rounds):
-            for name, row in rows.items():
-                timings[name].append(round_latencies(row["logits_of"], example, protocol))
-            print(f"round {round_index + 1}/{args.rounds} done", file=sys.stderr)
-
-    baseline_p50 = float(np.median(np.concatenate(timings[baseline_name])))
+        # The study's own protocol: interleaved rounds, p50 the median of the round medians.
+        timings = time_rounds(
+            {name: row["logits_of"] for name, row in rows.items()}, example, protocol
+        )
+    latencies = {name: LatencyResult.of_rounds(rounds) for name, rounds in timings.items()}
+    baseline_p50 = latencies[baseline_name].p50_ms
     print(f"\n{title(args, cfg, len(train_data), example)}")
     print(f"CPU flags: {isa_flags()}")
     against = f"at FFN {args.ffn_width}" if args.model == "minilm" else "of the same model"
@@ -255,9 +258,8 @@ def bench(args: argparse.Namespace) -> int:
     )
     print("| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for name, row in rows.items():
-        pooled = np.concatenate(timings[name])
         medians = [statistics.median(r) for r in timings[name]]
-        p50, p95 = float(np.median(pooled)), float(np.percentile(pooled, 95))
+        p50, p95 = latencies[name].p50_ms, latencies[name].p95_ms
         print(
             f"| {name} | {p50:.2f} | {p95:.2f} | {min(medians):.2f}-{max(medians):.2f} | "
             f"{baseline_p50 / p50:.2f}x | {_cell(row, 'size_mb', '.1f')} | "
@@ -279,11 +281,6 @@ def _cell(row: dict, key: str, spec: str) -> str:
     """A table cell; the baseline is only timed, so it has no other figures."""
     value = row.get(key, float("nan"))
     return "-" if math.isnan(value) else format(value, spec)
-
-
-def round_latencies(logits_of, example, protocol: LatencyProtocol) -> list[float]:
-    """One round's per-call timings, in ms, after the protocol's warm-up."""
-    return measure_latency(logits_of, example, protocol).samples_ms
 
 
 def compare_front(args: argparse.Namespace, baseline_name: str, baseline_p50: float) -> None:

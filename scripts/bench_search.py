@@ -10,15 +10,22 @@ comparable:
         --pruning off on --plot docs/img/bench_search.png
 
 Extra arguments after `--` are Hydra overrides for every run (default: the resnet_mixup
-experiment on digits, shrunk to seconds per trial). The first configuration is the reference
-("today": TPE, no early stopping); the table says when each other one's median curve reached the
-reference's final median hypervolume, as a share of the reference's median wall time.
+experiment on digits, shrunk to seconds per trial). The first configuration is the reference:
+the first sampler without early stopping, or, with `--today CHECKOUT`, the first sampler run by
+the code of an earlier version (a git worktree of it). The table says when each configuration's
+median curve reached the reference's final median hypervolume, as a share of the reference's
+median wall time:
+
+    git worktree add /tmp/today <commit>
+    python scripts/bench_search.py --seeds 0 --samplers tpe --pruning off on --today /tmp/today \
+        -- +experiment=bert_ffn
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -30,9 +37,11 @@ import numpy as np
 import optuna
 
 from tuner.backends.cpu import isa_flags
+from tuner.constraints import Constraints
 from tuner.front import study_points
 from tuner.latency import cpu_model
 from tuner.pareto import hypervolume
+from tuner.settings import stored_settings
 
 STUDY = "bench_search"
 DEFAULT_STUDY = [
@@ -55,12 +64,18 @@ class Run:
     pruning: bool
     seed: int
     wall_seconds: float
+    # (seconds since launch, accuracy, latency) of each feasible point, in completion order.
+    points: list[tuple[float, float, float]]
     # (seconds since launch, hypervolume) at each completed point.
     curve: list[tuple[float, float]]
     pruned: int
 
+    today: bool = False
+
     @property
     def label(self) -> str:
+        if self.today:
+            return f"{self.sampler}, earlier version"
         return f"{self.sampler}{' + early stopping' if self.pruning else ''}"
 
 
@@ -76,13 +91,27 @@ def parse_args() -> argparse.Namespace:
         help="the common hypervolume reference's latency (ms); default: twice the slowest point "
         "of every run",
     )
+    parser.add_argument(
+        "--today",
+        type=Path,
+        default=None,
+        help="a checkout of an earlier version: the reference configuration runs its code "
+        "(first on PYTHONPATH), so the table compares against what that version did",
+    )
     parser.add_argument("--plot", type=Path, default=None, help="write the plot here (PNG)")
     parser.add_argument("--json", type=Path, default=None, help="write every run's curve here")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for every run")
     return parser.parse_args()
 
 
-def run_study(workdir: Path, sampler: str, pruning: bool, seed: int, overrides: list[str]):
+def run_study(
+    workdir: Path,
+    sampler: str,
+    pruning: bool,
+    seed: int,
+    overrides: list[str],
+    code: Path | None = None,
+):
     command = [
         sys.executable,
         "-m",
@@ -91,26 +120,39 @@ def run_study(workdir: Path, sampler: str, pruning: bool, seed: int, overrides: 
         f"study.name={STUDY}",
         f"study.sampler={sampler}",
         f"study.seed={seed}",
-        f"study.pruning.enabled={str(pruning).lower()}",
+        # An earlier version has no early stopping to turn off.
+        *([] if code else [f"study.pruning.enabled={str(pruning).lower()}"]),
         f"study.storage=sqlite:///{workdir}/optuna.db",
         f"tracking.uri=sqlite:///{workdir}/mlflow.db",
         f"hydra.run.dir={workdir}/outputs",
     ]
     launched = time.time()
-    result = subprocess.run(command, cwd=workdir, capture_output=True, text=True)
+    env = {**os.environ, **({"PYTHONPATH": str(code)} if code else {})}
+    result = subprocess.run(command, cwd=workdir, env=env, capture_output=True, text=True)
     wall = time.time() - launched
     if result.returncode != 0:
         raise SystemExit(f"study failed ({' '.join(command)}):\n{result.stdout}\n{result.stderr}")
-    study = optuna.load_study(study_name=STUDY, storage=f"sqlite:///{workdir}/optuna.db")
-    return study, launched, wall
+    storage = f"sqlite:///{workdir}/optuna.db"
+    # The one study of the run (debug=smoke adds a suffix to its name).
+    (name,) = optuna.get_all_study_names(storage)
+    return optuna.load_study(study_name=name, storage=storage), launched, wall
 
 
 def completed_points(study: optuna.Study, launched: float) -> list[tuple[float, float, float]]:
-    """(seconds since launch, accuracy, latency) of every feasible point, in completion order."""
-    finished = {t.number: t.datetime_complete.timestamp() for t in study.get_trials()}
+    """(seconds since launch, accuracy, latency) of every point feasible under the study's own
+    constraints, in completion order. Latencies are the latency table's at the end of the run
+    (points of one architecture and backend share one)."""
+    settings = stored_settings(study) or {}
+    constraints = Constraints(
+        settings.get("study.max_accuracy_drop"), settings.get("study.latency_budget_ms")
+    )
+    finished = {
+        t.number: t.datetime_complete.timestamp()
+        for t in study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))
+    }
     points = [
         (finished[p.trial_number] - launched, p.val_accuracy, p.latency_ms_p50)
-        for p in study_points(study)
+        for p in study_points(study, constraints)
         if p.feasible
     ]
     return sorted(points)
@@ -148,25 +190,30 @@ def summarise(runs: list[Run], grid: np.ndarray) -> dict[str, dict]:
 
 def main() -> None:
     args = parse_args()
-    configurations = [(s, p == "on") for s in args.samplers for p in args.pruning]
+    configurations = [(s, p == "on", False) for s in args.samplers for p in args.pruning]
+    if args.today:
+        configurations.insert(0, (args.samplers[0], False, True))
     raw = []
     for seed in args.seeds:
-        for sampler, pruning in configurations:
+        for sampler, pruning, today in configurations:
+            code = args.today.resolve() if today else None
             with tempfile.TemporaryDirectory(prefix="bench-search-") as tmp:
-                study, launched, wall = run_study(Path(tmp), sampler, pruning, seed, args.overrides)
-                pruned = len(study.get_trials(states=(optuna.trial.TrialState.PRUNED,)))
-                raw.append(
-                    (sampler, pruning, seed, wall, completed_points(study, launched), pruned)
+                study, launched, wall = run_study(
+                    Path(tmp), sampler, pruning, seed, args.overrides, code
                 )
+                pruned = len(study.get_trials(states=(optuna.trial.TrialState.PRUNED,)))
+                points = completed_points(study, launched)
+            raw.append((sampler, pruning, today, seed, wall, points, pruned))
             print(
-                f"{sampler} pruning={pruning} seed={seed}: {wall:.0f} s, {pruned} pruned",
+                f"{sampler} pruning={pruning} earlier version={today} seed={seed}: "
+                f"{wall:.0f} s, {pruned} pruned",
                 flush=True,
             )
     latency = args.reference_latency or 2.0 * max(lat for *_, pts, _ in raw for _, _, lat in pts)
     reference = (0.0, latency)
     runs = [
-        Run(sampler, pruning, seed, wall, curve_of(points, reference), pruned)
-        for sampler, pruning, seed, wall, points, pruned in raw
+        Run(sampler, pruning, seed, wall, points, curve_of(points, reference), pruned, today)
+        for sampler, pruning, today, seed, wall, points, pruned in raw
     ]
     grid = np.linspace(0.0, max(run.wall_seconds for run in runs), 200)
     summary = summarise(runs, grid)
@@ -196,7 +243,14 @@ def main() -> None:
             f"{max(row['wall']):.0f}] | {sum(row['pruned'])} | {at} | {share} |"
         )
     if args.json:
-        args.json.write_text(json.dumps([run.__dict__ | {"label": run.label} for run in runs]))
+        args.json.write_text(
+            json.dumps(
+                {
+                    "reference": reference,
+                    "runs": [run.__dict__ | {"label": run.label} for run in runs],
+                }
+            )
+        )
     if args.plot:
         import matplotlib
 

@@ -6,15 +6,19 @@ from __future__ import annotations
 import optuna
 import pytest
 
-from tuner.constraints import Constraints
+from tuner.constraints import Baseline, Constraints
 from tuner.early_stopping import (
+    NotWorthTraining,
     PruningSettings,
     backend_gains,
     gain_still_to_come,
     over_budget_reason,
+    sampler_view,
     stop_reason,
 )
 from tuner.front import points_of
+from tuner.latency import LatencyResult
+from tuner.optuna_compat import FilteredSampler
 
 COMPLETE = optuna.trial.TrialState.COMPLETE
 
@@ -79,11 +83,15 @@ def test_a_trial_with_one_point_that_can_join_goes_on():
 
 
 def test_infeasible_points_cannot_join():
-    # With at most 5 points below the best eager model (0.80), int8's 0.71 at 2.5 ms is
-    # infeasible and eager's 0.70 dominated.
-    constraints = Constraints(max_accuracy_drop=0.05)
-    reason = _reason(0.58, 2, {"eager": 12.0, "int8": 2.5}, constraints=constraints)
-    assert reason is not None and "infeasible" in reason
+    # Under an 11 ms budget eager's 0.70 at 12 ms is infeasible; int8's 0.71 at 4 ms is
+    # feasible but dominated by #2 (0.73 at 3 ms), which the budget keeps on the front.
+    constraints = Constraints(latency_budget_ms=11.0)
+    reason = _reason(0.58, 2, {"eager": 12.0, "int8": 4.0}, constraints=constraints)
+    assert reason is not None
+    assert "eager (0.7000, 12.00 ms) infeasible" in reason
+    assert "int8 (0.7100, 4.00 ms) dominated by trial #2" in reason
+    # With accuracy points to spare, int8 at 2.5 ms is the fastest point: it goes on.
+    assert _reason(0.58, 2, {"eager": 12.0, "int8": 2.5}, constraints=constraints) is None
 
 
 def test_nothing_is_stopped_without_enough_knowledge_or_when_off():
@@ -95,8 +103,33 @@ def test_nothing_is_stopped_without_enough_knowledge_or_when_off():
     assert _reason(0.58, 3, latencies) is None  # the last epoch: nothing left to save
 
 
-def test_over_budget_only_when_every_backend_is_known_and_over():
-    assert "study.latency_budget_ms=3" in over_budget_reason({"a": 12.0, "b": 4.0}, 3.0)
-    assert over_budget_reason({"a": 12.0, "b": 4.0}, 5.0) is None
-    assert over_budget_reason({"a": 12.0, "b": None}, 3.0) is None
-    assert over_budget_reason({"a": 12.0}, None) is None
+def test_over_budget_only_when_every_backend_is_known_and_over_in_its_fastest_round():
+    slow = LatencyResult.of_rounds([[12.0], [13.0], [14.0]])
+    fast = LatencyResult.of_rounds([[4.0], [5.0], [2.9]])  # median 4, fastest round 2.9
+    reason = over_budget_reason({"a": slow, "b": fast}, 2.5)
+    assert "study.latency_budget_ms=2.5" in reason and "b 4.00 ms (fastest round 2.90)" in reason
+    # One noisy measurement does not rule it out: its fastest round is within 3 ms.
+    assert over_budget_reason({"a": slow, "b": fast}, 3.0) is None
+    assert over_budget_reason({"a": slow, "b": None}, 2.5) is None
+    assert over_budget_reason({"a": slow}, None) is None
+
+
+def test_a_pruned_trial_is_shown_to_samplers_as_the_poor_point_it_stands_for():
+    study = optuna.create_study(directions=["maximize", "minimize"])
+    study.add_trial(_trial(0, 0.80, 10.0, "eager", 0.80))
+    pruned = NotWorthTraining("over budget", 0.0, 7.5)
+    view = pruned.sampler_view(Constraints(latency_budget_ms=5.0), Baseline(0.80, 0))
+    # Constraint values as Optuna reads them: 7.5 ms is 2.5 over the 5 ms budget.
+    assert view == {"values": [0.0, 7.5], "constraints": {"latency_budget": 2.5}}
+    study.add_trial(
+        optuna.trial.create_trial(
+            state=optuna.trial.TrialState.PRUNED,
+            user_attrs={"sampler_view": view, "pruned_reason": "over budget"},
+        )
+    )
+    sampler = FilteredSampler(optuna.samplers.RandomSampler(), lambda t: True, sampler_view)
+    seen = sampler._view(study).get_trials(states=(COMPLETE,))
+    assert [(t.number, t.values) for t in seen] == [(0, [0.80, 10.0]), (1, [0.0, 7.5])]
+    assert seen[1].constraints == {"latency_budget": 2.5}
+    # The study itself keeps it pruned.
+    assert study.trials[1].state == optuna.trial.TrialState.PRUNED

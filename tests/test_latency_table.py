@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
+import time
 
 import optuna
 import pytest
@@ -140,3 +142,40 @@ def test_two_processes_on_one_storage_share_the_table_and_lose_no_session(tmp_pa
     # Six one-call rounds from two writers: none overwrote another's session.
     assert sorted(r[0] for r in table.rounds[digest_of(key)]) == [1, 2, 3, 7, 8, 9]
     assert table.result(digest_of(key)).p50_ms == 5.0
+
+
+_DIES_MID_MEASUREMENT = """
+import sys, time, optuna
+from pathlib import Path
+from omegaconf import OmegaConf
+from tuner.backends import ExampleInputs
+from tuner.latency import LatencyProtocol, time_rounds
+from tuner.latency_table import latency_key, record_session
+storage = optuna.storages.RDBStorage(sys.argv[1])
+study_id = storage.get_study_id_from_name("s")
+calls = []
+def model(*_):
+    calls.append(1)
+    if len(calls) == 3:  # the third round, one call each
+        Path(sys.argv[2]).touch()
+        time.sleep(60)
+protocol = LatencyProtocol(1, 16, 1, warmup=0, repeats=4, rounds=4, max_rounds=4)
+rounds = time_rounds({"eager": model}, ExampleInputs((), (), {}), protocol)
+key = latency_key(OmegaConf.create({"family": "timm"}), {}, "eager", OmegaConf.create({}), {})
+record_session(storage, study_id, key, rounds["eager"])
+"""
+
+
+def test_a_worker_killed_mid_measurement_leaves_nothing_half_done(tmp_path):
+    url = f"sqlite:///{tmp_path / 'killed.db'}"
+    storage, study_id = _storage(tmp_path / "killed.db")
+    marker = tmp_path / "measuring"
+    worker = subprocess.Popen([sys.executable, "-c", _DIES_MID_MEASUREMENT, url, str(marker)])
+    deadline = time.monotonic() + 120
+    while not marker.exists():
+        assert worker.poll() is None and time.monotonic() < deadline, "the worker never measured"
+        time.sleep(0.1)
+    worker.send_signal(signal.SIGKILL)
+    worker.wait(timeout=30)
+    # Two rounds were timed before the kill; none of them is in the table.
+    assert LatencyTable.of_study(storage, study_id).rounds == {}

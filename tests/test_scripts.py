@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -48,3 +49,48 @@ def test_bench_backends_deploys_a_cnn_with_the_same_table():
     eager = rows[3]
     assert float(eager[5]) > 0
     assert eager[6] == "100.0%"
+
+
+def test_bench_search_prints_a_row_per_configuration_and_plots(tmp_path):
+    plot, curves = tmp_path / "search.png", tmp_path / "curves.json"
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "scripts" / "bench_search.py"),
+            "--seeds",
+            "0",
+            "--samplers",
+            "random",
+            "--pruning",
+            "off",
+            "--plot",
+            str(plot),
+            "--json",
+            str(curves),
+            "--",
+            "+experiment=resnet_mixup",
+            "debug=smoke",
+            "data=digits",
+            "deploy.backend=eager",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    rows = [line for line in result.stdout.splitlines() if line.startswith("| random")]
+    assert len(rows) == 1
+    cells = [cell.strip() for cell in rows[0].split("|")[1:-1]]
+    assert plot.stat().st_size > 0
+    written = json.loads(curves.read_text())
+    (run,) = written["runs"]
+    # Two trained configurations on one backend: two points. Their hypervolume, worked out as
+    # the union of the two rectangles each spans to the reference corner:
+    _, worst_latency = written["reference"]
+    (_, a1, l1), (_, a2, l2) = run["points"]
+    union = (worst_latency - l1) * a1 + (worst_latency - l2) * a2
+    union -= (worst_latency - max(l1, l2)) * min(a1, a2)
+    assert run["curve"][-1][1] == pytest.approx(union)
+    # The table's final median hypervolume is that run's, as printed with 4 digits.
+    assert cells[1].startswith(f"{union:.4g} [")

@@ -6,14 +6,20 @@ from __future__ import annotations
 
 import optuna
 import pytest
+import torch
 from mlflow.tracking import MlflowClient
 
-from tuner.config import compose_config
+from tuner.config import compose_config, with_params
+from tuner.data import load_splits
 from tuner.early_stopping import CURVE_ATTR, PRUNED_ATTR
+from tuner.edits import apply_edits
 from tuner.front import failures_of, study_points
 from tuner.latency_table import LatencyTable
+from tuner.models import build_model
+from tuner.retrain import override_keys
 from tuner.samplers import SAMPLERS
-from tuner.study import run_study
+from tuner.study import modality_for, prepare, run_study
+from tuner.training import batch_loss, initialise_new_layers, train
 
 pytestmark = pytest.mark.slow
 
@@ -60,16 +66,44 @@ def study_dir(tmp_path, monkeypatch):
 
 def _run(directory, learning_rates, *overrides: str):
     _script[:] = learning_rates
-    args = [
+    args = _args(directory, *overrides)
+    run_study(compose_config(args), overrides=args)
+    assert not _script, "every scripted learning rate was drawn"
+    study = optuna.load_study(study_name=STUDY, storage=f"sqlite:///{directory}/optuna.db")
+    return study, MlflowClient(f"sqlite:///{directory}/mlflow.db")
+
+
+def _args(directory, *overrides: str) -> list[str]:
+    return [
         *FIXED,
         f"study.storage=sqlite:///{directory}/optuna.db",
         f"tracking.uri=sqlite:///{directory}/mlflow.db",
         *overrides,
     ]
-    run_study(compose_config(args), overrides=args)
-    assert not _script, "every scripted learning rate was drawn"
-    study = optuna.load_study(study_name=STUDY, storage=f"sqlite:///{directory}/optuna.db")
-    return study, MlflowClient(f"sqlite:///{directory}/mlflow.db")
+
+
+def _curve_trained_alone(args: list[str], lr: float) -> list[float]:
+    """The validation curve of the configuration trained on its own, with nothing measured
+    before it: built, seeded, edited and initialised as a study does, then trained."""
+    prepared = prepare(compose_config(args), {}, override_keys(args))
+    cfg = with_params(prepared.cfg, {"train.lr": lr})
+    splits = load_splits(cfg.data)
+    modality = modality_for(cfg, prepared.space, splits)
+    seed = int(cfg.train.seed)
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = build_model(cfg.model, splits.num_labels)
+    torch.manual_seed(seed)
+    apply_edits(model, cfg.model)
+    initialise_new_layers(model.new_layers(), str(cfg.train.init))
+    result = train(
+        model,
+        modality.encode(splits.train.items, splits.train.labels),
+        modality.encode(splits.val.items, splits.val.labels),
+        cfg.train,
+        batch_loss("image", cfg.train, splits.num_labels),
+    )
+    return [epoch.val_accuracy for epoch in result.epochs]
 
 
 def _run_of(client: MlflowClient, trial: optuna.trial.FrozenTrial):
@@ -119,6 +153,11 @@ def test_a_curve_that_cannot_reach_the_front_is_stopped_and_one_that_can_goes_on
         run.info.status == "KILLED" and "stopped after epoch 1" in run.data.tags["failure_reason"]
     )
     assert len(client.get_metric_history(run.info.run_id, "val_accuracy")) == 1
+    # Measuring latencies before training left training as it was without them.
+    alone = _curve_trained_alone(
+        _args(study_dir, "train.epochs=3", "study.n_trials=4", "study.pruning.enabled=true"), 0.003
+    )
+    assert first.user_attrs[CURVE_ATTR] == alone
     # The repeat trained alike, could always reach the front, and ran to the end.
     assert repeat.user_attrs[CURVE_ATTR] == first.user_attrs[CURVE_ATTR]
     assert _run_of(client, repeat).info.status == "FINISHED"

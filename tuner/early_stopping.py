@@ -17,18 +17,49 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+import optuna
 from omegaconf import DictConfig
 from optuna.trial import FrozenTrial, TrialState
 
 from tuner.budget import BACKEND_KEY, is_configuration
-from tuner.constraints import EAGER_ACCURACY_ATTR, Constraints, baseline_of
+from tuner.constraints import EAGER_ACCURACY_ATTR, Baseline, Constraints, baseline_of
 from tuner.front import Point
+from tuner.latency import LatencyResult
+from tuner.optuna_compat import completed_copy
 from tuner.pareto import dominates
 
 # Optuna user attribute of every trial that trains: its eager validation accuracy per epoch.
 CURVE_ATTR = "val_accuracy_curve"
-# Optuna user attribute of a pruned trial: why it was stopped.
+# Optuna user attributes of a pruned trial: why it was stopped, and what the sampler is shown
+# (`values`: accuracy and latency, `constraints`: name -> value).
 PRUNED_ATTR = "pruned_reason"
+SAMPLER_VIEW_ATTR = "sampler_view"
+
+
+class NotWorthTraining(optuna.TrialPruned):
+    """A configuration that cannot put a point on the front: over the latency budget before
+    training, or stopped at an epoch end. `accuracy` is its eager validation accuracy then (0
+    before training), `latency` its fastest backend's."""
+
+    def __init__(self, reason: str, accuracy: float, latency: float) -> None:
+        super().__init__(reason)
+        self.accuracy = accuracy
+        self.latency = latency
+
+    def sampler_view(self, constraints: Constraints, baseline: Baseline) -> dict:
+        return {
+            "values": [self.accuracy, self.latency],
+            "constraints": constraints.values(self.accuracy, self.latency, baseline),
+        }
+
+
+def sampler_view(trial: FrozenTrial) -> FrozenTrial:
+    """How the sampler sees `trial`: a pruned configuration as the complete, poor one it stands
+    for; every other trial as it is."""
+    view = trial.user_attrs.get(SAMPLER_VIEW_ATTR)
+    if trial.state != TrialState.PRUNED or view is None:
+        return trial
+    return completed_copy(trial, view["values"], view["constraints"])
 
 
 @dataclass(frozen=True)
@@ -100,7 +131,7 @@ def stop_reason(
     accuracy: float,
     epoch: int,
     epochs: int,
-    latencies: Mapping[str, float | None],
+    latency_ms: Mapping[str, float | None],
     trials: Sequence[FrozenTrial],
     points: Sequence[Point],
     constraints: Constraints,
@@ -110,12 +141,12 @@ def stop_reason(
     on the front, or None when it might (or when too little is known to say).
 
     Args:
-        latencies: backend -> the p50 latency of this architecture on it (None: unknown).
+        latency_ms: backend -> the p50 latency of this architecture there (None: unknown).
         points: the study's points, feasibility and front as they stand.
     """
     if not settings.enabled or epoch < settings.min_epochs or epoch >= epochs:
         return None
-    if not latencies or any(latency is None for latency in latencies.values()):
+    if not latency_ms or any(latency is None for latency in latency_ms.values()):
         return None
     gain = gain_still_to_come(trials, epoch, epochs, settings.n_startup_trials)
     if gain is None:
@@ -126,7 +157,7 @@ def stop_reason(
     front = [p for p in points if p.pareto]
     baseline = baseline_of(trials)
     blocked = []
-    for backend, latency in latencies.items():
+    for backend, latency in latency_ms.items():
         assert latency is not None
         bound = eager_bound + per_backend.get(backend, fallback)
         if not constraints.feasible(bound, latency, baseline):
@@ -147,13 +178,19 @@ def stop_reason(
 
 
 def over_budget_reason(
-    latencies: Mapping[str, float | None], budget_ms: float | None
+    latencies: Mapping[str, LatencyResult | None], budget_ms: float | None
 ) -> str | None:
     """Why a configuration need not be trained at all: every backend's latency is known and
-    over `study.latency_budget_ms`. None otherwise."""
+    even its fastest round's median is over `study.latency_budget_ms` (noise only slows calls
+    down, so one noisy measurement does not rule an architecture out for good). None
+    otherwise."""
     if budget_ms is None or not latencies:
         return None
-    if any(latency is None or latency <= budget_ms for latency in latencies.values()):
+    if any(r is None or r.fastest_round_ms <= budget_ms for r in latencies.values()):
         return None
-    listed = ", ".join(f"{backend} {latency:.2f} ms" for backend, latency in latencies.items())
+    listed = ", ".join(
+        f"{backend} {r.p50_ms:.2f} ms (fastest round {r.fastest_round_ms:.2f})"
+        for backend, r in latencies.items()
+        if r is not None
+    )
     return f"every backend is over study.latency_budget_ms={budget_ms:g} before training: {listed}"

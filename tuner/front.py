@@ -82,21 +82,22 @@ def study_points(study: optuna.Study, constraints: Constraints | None = None) ->
 def points_of(
     trials: Sequence[optuna.trial.FrozenTrial],
     constraints: Constraints | None = None,
-    latencies: LatencyTable | None = None,
+    table: LatencyTable | None = None,
 ) -> list[Point]:
     """Every complete trial as a point; `pareto` marks the front of the feasible ones.
 
     Feasibility is recomputed here against the study's baseline (`tuner.constraints`), so it is
     right even for points made before the model that sets it existed. With the study's latency
-    table, a point's latency is its key's as the table now stands (rounds added since the point
-    was made included), so every point of one architecture and backend has the same.
+    `table`, a point's latency is its key's as the table now stands (rounds added since the point
+    was made included), so every point of one architecture and backend has the same; a point
+    made before the study had a table keeps the latency it was measured with.
     """
     trials = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
     constraints = constraints or Constraints()
     baseline = baseline_of(trials)
 
     def latency_of(trial: optuna.trial.FrozenTrial) -> tuple[float, float]:
-        measured = latencies.result(trial.user_attrs.get(LATENCY_KEY_ATTR)) if latencies else None
+        measured = table.result(trial.user_attrs.get(LATENCY_KEY_ATTR)) if table else None
         if measured is None:
             return trial.values[1], float(trial.user_attrs.get("latency_ms_p95", float("nan")))
         return measured.p50_ms, measured.p95_ms

@@ -5,11 +5,13 @@ being measured gets its share in turn (interleaved): a burst of load from elsewh
 all of them, not on one. A latency is the median of the rounds' medians, its spread the
 interquartile range of those medians, and everything needed to compare two measurements is
 recorded (batch, sequence length, threads, warm-up, repeats, rounds, CPU model and instruction
-sets, torch version).
+sets, torch and ONNX Runtime versions).
 """
 
 from __future__ import annotations
 
+import importlib.metadata
+import math
 import platform
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -66,6 +68,7 @@ class LatencyProtocol:
             "cpu": cpu_model(),
             "cpu_flags": isa_flags(),
             "torch_version": torch.__version__,
+            "onnxruntime_version": _version("onnxruntime"),
         }
         return {f"{prefix}{key}": value for key, value in values.items()}
 
@@ -79,6 +82,7 @@ class LatencyResult:
         p95_ms: the 95th percentile of every timed call.
         spread_pct: the interquartile range of the rounds' medians, in percent of `p50_ms`
             (0 with fewer than two rounds).
+        fastest_round_ms: the smallest of the rounds' medians.
     """
 
     p50_ms: float
@@ -88,6 +92,7 @@ class LatencyResult:
     max_ms: float
     rounds: int = 1
     spread_pct: float = 0.0
+    fastest_round_ms: float = math.nan
     samples_ms: list[float] = field(default_factory=list, repr=False)
 
     @classmethod
@@ -110,8 +115,16 @@ class LatencyResult:
             max_ms=float(samples.max()),
             rounds=len(rounds),
             spread_pct=spread,
+            fastest_round_ms=float(medians.min()),
             samples_ms=[float(value) for value in samples],
         )
+
+
+def _version(package: str) -> str:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return "absent"
 
 
 @cache

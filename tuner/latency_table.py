@@ -7,9 +7,10 @@ trials with the same key reuse it; each may add a round (`LatencyProtocol.max_ro
 starts over. Points of one architecture and backend therefore share one latency.
 
 The table lives in the study's own storage as Optuna study user attributes, one per measurement
-session (`latency:<key digest>:<session>`), each written once, whole, after its last round: a
-worker that dies mid-measurement leaves nothing half-done, and two workers measuring one key at
-once both add their rounds instead of overwriting each other.
+session (`latency:<key digest>:<session>`, its rounds), each written once, whole, after its last
+round: a worker that dies mid-measurement leaves nothing half-done, and two workers measuring one
+key at once both add their rounds instead of overwriting each other. What a digest stands for is
+written beside them once (`latency-key:<key digest>`), for people reading the study.
 """
 
 from __future__ import annotations
@@ -31,10 +32,13 @@ from tuner.edits import SAME_EDIT
 from tuner.latency import LatencyResult
 
 _PREFIX = "latency:"
+_KEY_PREFIX = "latency-key:"
 # Model keys that change training but not the graph that is timed.
 _TRAINING_ONLY = frozenset({"random_init", "dropout", "drop_rate"})
 # Deploy keys that are the protocol (in the key on their own) or choose the backend.
 _NOT_IN_DEPLOY_KEY = frozenset({"backend", "latency"})
+# How far a measurement may grow is no part of what it measures: raising it extends the table.
+_NOT_IN_PROTOCOL_KEY = frozenset({"latency.max_rounds"})
 
 
 def latency_key(
@@ -60,7 +64,7 @@ def latency_key(
         "model": {k: v for k, v in model.items() if k not in _TRAINING_ONLY},
         "backend": backend,
         "deploy": {k: v for k, v in deploy.items() if k not in _NOT_IN_DEPLOY_KEY},
-        "protocol": dict(protocol_record),
+        "protocol": {k: v for k, v in protocol_record.items() if k not in _NOT_IN_PROTOCOL_KEY},
     }
 
 
@@ -113,10 +117,11 @@ def record_session(
     """Add one finished measurement session of `key` to the study's table."""
     now = datetime.datetime.now(datetime.UTC).isoformat(timespec="microseconds")
     session = {
-        "key": dict(key),
         "rounds": [[round(value, 4) for value in r] for r in rounds],
         "at": now,
         "worker": f"{socket.gethostname()}:{os.getpid()}",
     }
-    name = f"{_PREFIX}{digest_of(key)}:{uuid.uuid4().hex[:12]}"
-    storage.set_study_user_attr(study_id, name, session)
+    digest = digest_of(key)
+    # The same value whoever writes it: a race between workers changes nothing.
+    storage.set_study_user_attr(study_id, f"{_KEY_PREFIX}{digest}", dict(key))
+    storage.set_study_user_attr(study_id, f"{_PREFIX}{digest}:{uuid.uuid4().hex[:12]}", session)

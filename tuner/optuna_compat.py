@@ -31,13 +31,42 @@ def stale_trial_ids(storage: optuna.storages.RDBStorage, study_id: int) -> list[
     return list(storage._get_stale_trial_ids(study_id))
 
 
-class _StudyView:
-    """A study as a sampler sees it: only the trials `keep` accepts. Samplers read trials
-    through `_get_trials` (cached) or `get_trials`; everything else goes to the study."""
+def completed_copy(
+    trial: FrozenTrial, values: Sequence[float], constraints: dict[str, float]
+) -> FrozenTrial:
+    """`trial` as a COMPLETE one with `values` and `constraints`, keeping its number and id
+    (samplers order and cache trials by them)."""
+    copy = optuna.trial.create_trial(
+        state=TrialState.COMPLETE,
+        values=list(values),
+        params=trial.params,
+        distributions=trial.distributions,
+        user_attrs=trial.user_attrs,
+        system_attrs={
+            k: v for k, v in trial.system_attrs.items() if not k.startswith("constraints:")
+        },
+        constraints=constraints,
+    )
+    copy.number = trial.number
+    copy._trial_id = trial._trial_id
+    copy.datetime_start, copy.datetime_complete = trial.datetime_start, trial.datetime_complete
+    return copy
 
-    def __init__(self, study: optuna.Study, keep: Callable[[FrozenTrial], bool]) -> None:
+
+class _StudyView:
+    """A study as a sampler sees it: only the trials `keep` accepts, each as `shown` presents
+    it. Samplers read trials through `_get_trials` (cached) or `get_trials`; everything else
+    goes to the study."""
+
+    def __init__(
+        self,
+        study: optuna.Study,
+        keep: Callable[[FrozenTrial], bool],
+        shown: Callable[[FrozenTrial], FrozenTrial],
+    ) -> None:
         self._study = study
         self._keep = keep
+        self._shown = shown
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._study, name)
@@ -48,8 +77,10 @@ class _StudyView:
         states: Container[TrialState] | None = None,
         use_cache: bool = False,
     ) -> list[FrozenTrial]:
-        trials = self._study._get_trials(deepcopy=deepcopy, states=states, use_cache=use_cache)
-        return [t for t in trials if self._keep(t)]
+        # All states first: `shown` may present a trial in another state than it is stored in.
+        trials = self._study._get_trials(deepcopy=deepcopy, states=None, use_cache=use_cache)
+        shown = [self._shown(t) for t in trials if self._keep(t)]
+        return [t for t in shown if states is None or t.state in states]
 
     def get_trials(
         self, deepcopy: bool = True, states: Container[TrialState] | None = None
@@ -62,15 +93,21 @@ class _StudyView:
 
 
 class FilteredSampler(BaseSampler):
-    """A sampler that learns only from the trials `keep` accepts (its start-up count included);
-    the study itself keeps all of them."""
+    """A sampler that learns only from the trials `keep` accepts (its start-up count included),
+    each as `shown` presents it; the study itself keeps all of them as they are."""
 
-    def __init__(self, inner: BaseSampler, keep: Callable[[FrozenTrial], bool]) -> None:
+    def __init__(
+        self,
+        inner: BaseSampler,
+        keep: Callable[[FrozenTrial], bool],
+        shown: Callable[[FrozenTrial], FrozenTrial] = lambda trial: trial,
+    ) -> None:
         self.inner = inner
         self.keep = keep
+        self.shown = shown
 
     def _view(self, study: optuna.Study) -> Any:
-        return _StudyView(study, self.keep)
+        return _StudyView(study, self.keep, self.shown)
 
     def infer_relative_search_space(
         self, study: optuna.Study, trial: FrozenTrial

@@ -33,7 +33,7 @@ from tuner.constraints import Constraints, baseline_of
 from tuner.convergence import REFERENCE_ATTR, convergence
 from tuner.data import Splits, load_splits
 from tuner.data.batches import Encoded
-from tuner.early_stopping import PruningSettings
+from tuner.early_stopping import PruningSettings, sampler_view
 from tuner.edits import EDITS, SAME_EDIT
 from tuner.errors import ConfigError
 from tuner.front import Point, failures_of, front_note, points_of
@@ -168,10 +168,11 @@ def _create_study(
         previous = len(storage.get_all_trials(study_id, deepcopy=False))
     # A resumed study must not replay the first invocation's random draws. The sampler learns
     # from trained configurations only: another backend's point of a model is a near-duplicate
-    # that would use up its start-up trials.
+    # that would use up its start-up trials. Pruned ones it sees as the poor points they are.
     sampler = FilteredSampler(
         SAMPLERS.get(str(cfg.study.sampler))(int(cfg.study.seed) + previous + _worker_salt(url)),
         budget.is_configuration,
+        sampler_view,
     )
     study = optuna.create_study(
         study_name=str(cfg.study.name),

@@ -48,6 +48,8 @@ from tuner.deploy import BackendFailed, BackendResult, Reference, convert, deplo
 from tuner.early_stopping import (
     CURVE_ATTR,
     PRUNED_ATTR,
+    SAMPLER_VIEW_ATTR,
+    NotWorthTraining,
     PruningSettings,
     over_budget_reason,
     stop_reason,
@@ -88,6 +90,11 @@ _SUGGEST = {
     ),
     CategoricalDistribution: lambda trial, name, d: trial.suggest_categorical(name, d.choices),
 }
+
+
+def _fastest(latencies: Mapping[str, LatencyResult | None]) -> float:
+    """The smallest known p50 of a configuration's backends (NaN when none is known)."""
+    return min((r.p50_ms for r in latencies.values() if r is not None), default=math.nan)
 
 
 def suggest(trial: optuna.Trial, space: Mapping[str, BaseDistribution]) -> dict[str, Any]:
@@ -262,13 +269,15 @@ class Objective:
             raise optuna.TrialPruned(reason)
         # A retry queued by an earlier version carries the backend it drew; it keeps it.
         carried = ctx.storage.get_trial(trial_id_of(trial)).params.get(BACKEND_KEY)
-        keys = {
-            backend: latency_key(cfg.model, architecture, backend, cfg.deploy, ctx.protocol_record)
-            for backend in backends
-        }
         # Every backend's artifact stays here until the points that join the front are logged.
         with tempfile.TemporaryDirectory(prefix="tuner-trial-") as workdir:
             try:
+                keys = {
+                    backend: latency_key(
+                        cfg.model, architecture, backend, cfg.deploy, ctx.protocol_record
+                    )
+                    for backend in backends
+                }
                 # Interrupts stop training and deploying at once; the points are then written
                 # whole (the caller holds interrupts back meanwhile).
                 with immediate():
@@ -278,7 +287,7 @@ class Objective:
                     )
                     over_budget = over_budget_reason(latencies, ctx.constraints.latency_budget_ms)
                     if over_budget:
-                        raise optuna.TrialPruned(over_budget)
+                        raise NotWorthTraining(over_budget, 0.0, _fastest(latencies))
                     trained = self._train(
                         model,
                         cfg,
@@ -288,7 +297,6 @@ class Objective:
                         trial,
                         configuration,
                         keys,
-                        latencies,
                     )
                     results = self._deploy_everywhere(trained, backends, cfg, Path(workdir), keys)
                 own_backend = (
@@ -310,8 +318,8 @@ class Objective:
                 )
                 for name, value in constraints.items():
                     trial.set_constraint(name, value)
-            except optuna.TrialPruned as pruned:
-                self._pruned(trial, run_id, str(pruned))
+            except NotWorthTraining as pruned:
+                self._pruned(trial, run_id, pruned)
                 raise
             except Exception as exc:
                 self._fail(trial, run_id, exc)
@@ -396,15 +404,17 @@ class Objective:
 
     def _latencies_before_training(
         self, model: nn.Module, cfg: DictConfig, keys: Mapping[str, dict], workdir: Path
-    ) -> dict[str, float | None]:
-        """Backend -> this architecture's p50 latency there, from the study's latency table;
-        keys it lacks are measured now on the untrained model, in interleaved rounds. None
-        where the untrained model would not convert (the trained one is timed instead)."""
+    ) -> dict[str, LatencyResult | None]:
+        """Backend -> this architecture's latency there, from the study's latency table; keys
+        it lacks are measured now on the untrained model, in interleaved rounds. None where the
+        untrained model would not convert (the trained one is timed instead)."""
         ctx = self.context
         table = ctx.latency_table()
         missing = [b for b, key in keys.items() if table.round_count(digest_of(key)) == 0]
+        measured: dict[str, list[list[float]]] = {}
         if missing:
             model.eval()
+            recipe = ModelRecipe.of(cfg.model, ctx.factory.num_labels)
             loaded = {}
             # Conversions and timing must not move the random stream training starts from.
             with torch.random.fork_rng():
@@ -413,7 +423,7 @@ class Objective:
                         loaded[backend] = convert(
                             backend,
                             model,
-                            ModelRecipe.of(cfg.model, ctx.factory.num_labels),
+                            recipe,
                             ctx.example,
                             cfg.deploy,
                             workdir / backend,
@@ -421,13 +431,14 @@ class Objective:
                         ).logits_of
                     except Exception as exc:  # timed after training instead
                         console.untimed_before_training(backend, f"{type(exc).__name__}: {exc}")
-                rounds = time_rounds(loaded, ctx.example, ctx.protocol) if loaded else {}
-            for backend, timings in rounds.items():
+                if loaded:
+                    measured = time_rounds(loaded, ctx.example, ctx.protocol)
+            for backend, timings in measured.items():
                 record_session(ctx.storage, ctx.study_id, keys[backend], timings)
             table = ctx.latency_table()
         results = {b: table.result(digest_of(key)) for b, key in keys.items()}
-        console.latencies_before_training(results, measured=list(rounds) if missing else [])
-        return {b: None if r is None else r.p50_ms for b, r in results.items()}
+        console.latencies_before_training(results, measured=list(measured))
+        return results
 
     def _train(
         self,
@@ -439,7 +450,6 @@ class Objective:
         trial: optuna.Trial,
         configuration: int,
         keys: Mapping[str, dict],
-        latencies: Mapping[str, float | None],
     ) -> _Trained:
         ctx = self.context
         curve: list[float] = []
@@ -450,19 +460,21 @@ class Objective:
             curve.append(epoch.val_accuracy)
             trial.set_user_attr(CURVE_ATTR, curve)
             if ctx.pruning.enabled:
-                trials = ctx.study_trials()
+                trials, table = ctx.study_trials(), ctx.latency_table()
+                # The latencies as the table stands now, as the front's points have them.
+                latencies = {b: table.result(digest_of(key)) for b, key in keys.items()}
                 reason = stop_reason(
                     epoch.val_accuracy,
                     epoch.epoch,
                     int(cfg.train.epochs),
-                    latencies,
+                    {b: None if r is None else r.p50_ms for b, r in latencies.items()},
                     trials,
-                    points_of(trials, ctx.constraints, ctx.latency_table()),
+                    points_of(trials, ctx.constraints, table),
                     ctx.constraints,
                     ctx.pruning,
                 )
                 if reason:
-                    raise optuna.TrialPruned(reason)
+                    raise NotWorthTraining(reason, epoch.val_accuracy, _fastest(latencies))
 
         def step_done(done: int, total: int, loss: float) -> None:
             raise_if_interrupted()
@@ -551,7 +563,7 @@ class Objective:
 
         existing = [
             (p.val_accuracy, p.latency_ms_p50)
-            for p in points_of(ctx.study_trials(), latencies=ctx.latency_table())
+            for p in points_of(ctx.study_trials(), table=ctx.latency_table())
             if feasible(p.val_accuracy, p.latency_ms_p50)
         ]
         new = {
@@ -694,9 +706,14 @@ class Objective:
         frozen = ctx.storage.get_trial(trial_id_of(trial))
         requeue(ctx.storage, ctx.study_id, frozen, ctx.max_retry)
 
-    def _pruned(self, trial: optuna.Trial, run_id: str, reason: str) -> None:
+    def _pruned(self, trial: optuna.Trial, run_id: str, pruned: NotWorthTraining) -> None:
         """Not trained further: the run is closed KILLED with the reason (its epochs so far
-        stay), and Optuna records the trial PRUNED, which samplers read as a poor one."""
+        stay), and Optuna records the trial PRUNED; the sampler is shown it as the poor
+        complete trial it stands for (`tuner.early_stopping.sampler_view`)."""
+        reason = str(pruned)
+        ctx = self.context
+        view = pruned.sampler_view(ctx.constraints, baseline_of(ctx.study_trials()))
+        trial.set_user_attr(SAMPLER_VIEW_ATTR, view)
         trial.set_user_attr(PRUNED_ATTR, reason)
         self.context.tracker.set_tags(run_id, {"tuner.pruned": "true"})
         self.context.tracker.close(run_id, "KILLED", reason)
