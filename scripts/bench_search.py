@@ -30,6 +30,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,9 +49,9 @@ STUDY = "bench_search"
 DEFAULT_STUDY = [
     "+experiment=resnet_mixup",
     "data=digits",
-    "data.max_train_samples=1000",
+    "data.max_train_samples=600",
     "data.max_val_samples=300",
-    "train.epochs=4",
+    "train.epochs=3",
     "train.cutmix_alpha=0",
     "search_space={deploy.backend:'choice(eager,onnxruntime)'}",
     "deploy.latency.repeats=20",
@@ -98,6 +100,19 @@ def parse_args() -> argparse.Namespace:
         help="a checkout of an earlier version: the reference configuration runs its code "
         "(first on PYTHONPATH), so the table compares against what that version did",
     )
+    parser.add_argument(
+        "--keep",
+        type=Path,
+        default=None,
+        help="keep each run's study and tracking store under this folder (one folder per run) "
+        "instead of a temporary one, e.g. for scripts/retime_front.py",
+    )
+    parser.add_argument(
+        "--summarise",
+        type=Path,
+        default=None,
+        help="print the table (and plot) of the runs a --json file holds, without running",
+    )
     parser.add_argument("--plot", type=Path, default=None, help="write the plot here (PNG)")
     parser.add_argument("--json", type=Path, default=None, help="write every run's curve here")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for every run")
@@ -136,6 +151,18 @@ def run_study(
     # The one study of the run (debug=smoke adds a suffix to its name).
     (name,) = optuna.get_all_study_names(storage)
     return optuna.load_study(study_name=name, storage=storage), launched, wall
+
+
+@contextmanager
+def run_folder(keep: Path | None, name: str) -> Iterator[Path]:
+    """A fresh folder for one run: kept under `keep`, or temporary."""
+    if keep is None:
+        with tempfile.TemporaryDirectory(prefix="bench-search-") as tmp:
+            yield Path(tmp)
+        return
+    folder = (keep / name).resolve()
+    folder.mkdir(parents=True, exist_ok=False)
+    yield folder
 
 
 def completed_points(study: optuna.Study, launched: float) -> list[tuple[float, float, float]]:
@@ -188,8 +215,9 @@ def summarise(runs: list[Run], grid: np.ndarray) -> dict[str, dict]:
     return summary
 
 
-def main() -> None:
-    args = parse_args()
+def measure(args: argparse.Namespace) -> tuple[list[Run], tuple[float, float]]:
+    """Run every configuration for every seed, interleaved; return the runs and the common
+    hypervolume reference."""
     configurations = [(s, p == "on", False) for s in args.samplers for p in args.pruning]
     if args.today:
         configurations.insert(0, (args.samplers[0], False, True))
@@ -197,9 +225,9 @@ def main() -> None:
     for seed in args.seeds:
         for sampler, pruning, today in configurations:
             code = args.today.resolve() if today else None
-            with tempfile.TemporaryDirectory(prefix="bench-search-") as tmp:
+            with run_folder(args.keep, f"{sampler}-{pruning}-{today}-{seed}") as folder:
                 study, launched, wall = run_study(
-                    Path(tmp), sampler, pruning, seed, args.overrides, code
+                    folder, sampler, pruning, seed, args.overrides, code
                 )
                 pruned = len(study.get_trials(states=(optuna.trial.TrialState.PRUNED,)))
                 points = completed_points(study, launched)
@@ -215,43 +243,48 @@ def main() -> None:
         Run(sampler, pruning, seed, wall, points, curve_of(points, reference), pruned, today)
         for sampler, pruning, today, seed, wall, points, pruned in raw
     ]
-    grid = np.linspace(0.0, max(run.wall_seconds for run in runs), 200)
+    return runs, reference
+
+
+def _reached(grid: np.ndarray, curve: np.ndarray, target: float) -> float | None:
+    return next((t for t, hv in zip(grid, curve, strict=True) if hv >= target), None)
+
+
+def report(runs: list[Run], reference: tuple[float, float], plot: Path | None) -> None:
+    """The table (and the plot) of `runs`, against the first run's configuration."""
+    grid = np.linspace(0.0, max(run.wall_seconds for run in runs), 400)
     summary = summarise(runs, grid)
     baseline_label = runs[0].label
     baseline = summary[baseline_label]
     target = float(np.median(baseline["final"]))
     baseline_wall = float(np.median(baseline["wall"]))
+    seeds = sorted({run.seed for run in runs})
 
     print(f"\nCPU: {cpu_model()}; flags: {isa_flags()}")
-    print(f"Reference point: accuracy 0, latency {latency:.3g} ms; seeds {args.seeds}")
+    print(f"Reference point: accuracy 0, latency {reference[1]:.3g} ms; seeds {seeds}")
     print(
-        f"Target: {baseline_label}'s final median hypervolume {target:.4g}, reached in "
-        f"{baseline_wall:.0f} s (its median wall time)\n"
+        f"Target: {baseline_label}'s final median hypervolume {target:.4g}; its median wall "
+        f"time {baseline_wall:.0f} s\n"
     )
     print(
         "| configuration | final hypervolume, median [min-max] | wall s, median [min-max] "
-        "| pruned trials | reaches the target at | share of the reference's time |"
+        "| pruned trials | reaches the target at (share of the reference's wall time) "
+        "| reaches 99% of it at |"
     )
     print("|---|---|---|---|---|---|")
+
+    def when(reached: float | None) -> str:
+        return "never" if reached is None else f"{reached:.0f} s ({reached / baseline_wall:.0%})"
+
     for label, row in summary.items():
-        reached = next((t for t, hv in zip(grid, row["median"], strict=True) if hv >= target), None)
-        at = "never" if reached is None else f"{reached:.0f} s"
-        share = "-" if reached is None else f"{100 * reached / baseline_wall:.0f}%"
         print(
             f"| {label} | {np.median(row['final']):.4g} [{min(row['final']):.4g}-"
             f"{max(row['final']):.4g}] | {np.median(row['wall']):.0f} [{min(row['wall']):.0f}-"
-            f"{max(row['wall']):.0f}] | {sum(row['pruned'])} | {at} | {share} |"
+            f"{max(row['wall']):.0f}] | {sum(row['pruned'])} "
+            f"| {when(_reached(grid, row['median'], target))} "
+            f"| {when(_reached(grid, row['median'], 0.99 * target))} |"
         )
-    if args.json:
-        args.json.write_text(
-            json.dumps(
-                {
-                    "reference": reference,
-                    "runs": [run.__dict__ | {"label": run.label} for run in runs],
-                }
-            )
-        )
-    if args.plot:
+    if plot:
         import matplotlib
 
         matplotlib.use("Agg")
@@ -264,10 +297,25 @@ def main() -> None:
         axes.axhline(target, color="grey", linestyle=":", label=f"target ({baseline_label} final)")
         axes.set_xlabel("wall-clock seconds since launch")
         axes.set_ylabel("hypervolume (accuracy x ms)")
-        axes.set_title(f"Hypervolume over time: median and range of {len(args.seeds)} seeds")
+        axes.set_title(f"Hypervolume over time: median and range of {len(seeds)} seed(s)")
         axes.legend(fontsize=8)
         figure.tight_layout()
-        figure.savefig(args.plot, dpi=120)
+        figure.savefig(plot, dpi=120)
+
+
+def main() -> None:
+    args = parse_args()
+    if args.summarise:
+        written = json.loads(args.summarise.read_text())
+        fields = set(Run.__dataclass_fields__)
+        runs = [Run(**{k: v for k, v in run.items() if k in fields}) for run in written["runs"]]
+        reference = tuple(written["reference"])
+    else:
+        runs, reference = measure(args)
+    report(runs, reference, args.plot)
+    if args.json:
+        runs_written = [run.__dict__ | {"label": run.label} for run in runs]
+        args.json.write_text(json.dumps({"reference": reference, "runs": runs_written}))
 
 
 if __name__ == "__main__":
