@@ -133,3 +133,24 @@ def test_a_pruned_trial_is_shown_to_samplers_as_the_poor_point_it_stands_for():
     assert seen[1].constraints == {"latency_budget": 2.5}
     # The study itself keeps it pruned.
     assert study.trials[1].state == optuna.trial.TrialState.PRUNED
+
+
+@pytest.mark.parametrize(
+    ("override", "named"),
+    [
+        ("study.pruning.enabled=maybe", "'study.pruning.enabled': 'maybe' must be true or false"),
+        ("study.pruning.min_epochs=0", "'study.pruning.min_epochs': 0 must be an int >= 1"),
+        ("study.pruning.margin=-0.1", "'study.pruning.margin': -0.1 must be a number >= 0"),
+        ("deploy.latency.rounds=0", "'deploy.latency.rounds': 0 must be an int >= 1"),
+        ("deploy.latency.max_rounds=2", "'deploy.latency.max_rounds': 2 must be at least"),
+    ],
+)
+def test_bad_pruning_and_round_settings_are_refused_at_start_up(override, named):
+    from tuner.config import compose_config
+    from tuner.errors import ConfigError
+    from tuner.study import prepare
+
+    args = ["+experiment=bert_ffn", "debug=smoke", override]
+    with pytest.raises(ConfigError) as refused:
+        prepare(compose_config(args), {}, [override.split("=")[0]])
+    assert named in str(refused.value)

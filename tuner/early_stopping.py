@@ -80,9 +80,7 @@ class PruningSettings:
     n_startup_trials: int = 2
 
     @classmethod
-    def from_config(cls, pruning_cfg: DictConfig | None) -> PruningSettings:
-        if pruning_cfg is None:
-            return cls()
+    def from_config(cls, pruning_cfg: DictConfig) -> PruningSettings:
         return cls(
             enabled=bool(pruning_cfg.enabled),
             min_epochs=int(pruning_cfg.min_epochs),

@@ -104,6 +104,12 @@ class LatencyTable:
         rounds = self.rounds.get(digest or "")
         return LatencyResult.of_rounds(rounds) if rounds else None
 
+    def adding(self, digest: str, rounds: Sequence[Sequence[float]]) -> LatencyTable:
+        """This table with `rounds` of `digest` added, as it reads once they are recorded (no
+        second read of the storage)."""
+        added = [list(r) for r in rounds]
+        return LatencyTable({**self.rounds, digest: [*self.rounds.get(digest, []), *added]})
+
     def round_count(self, digest: str) -> int:
         return len(self.rounds.get(digest, []))
 

@@ -307,7 +307,7 @@ def run_study(
             storage=storage,
             study_id=storage.get_study_id_from_name(study.study_name),
             max_retry=int(cfg.study.heartbeat.max_retry),
-            pruning=PruningSettings.from_config(cfg.study.get("pruning")),
+            pruning=PruningSettings.from_config(cfg.study.pruning),
             serving=ServingContext(
                 modality=modality,
                 inputs_dir=Path(inputs_dir),

@@ -179,7 +179,7 @@ class TrialContext:
     study_id: int
     max_retry: int
     serving: ServingContext
-    pruning: PruningSettings = PruningSettings()
+    pruning: PruningSettings
 
     def study_trials(self) -> list[optuna.trial.FrozenTrial]:
         return self.storage.get_all_trials(self.study_id, deepcopy=False)
@@ -435,7 +435,7 @@ class Objective:
                     measured = time_rounds(loaded, ctx.example, ctx.protocol)
             for backend, timings in measured.items():
                 record_session(ctx.storage, ctx.study_id, keys[backend], timings)
-            table = ctx.latency_table()
+                table = table.adding(digest_of(keys[backend]), timings)
         results = {b: table.result(digest_of(key)) for b, key in keys.items()}
         console.latencies_before_training(results, measured=list(measured))
         return results
@@ -542,13 +542,14 @@ class Objective:
         not convert) is measured now; one with fewer than `max_rounds` rounds gets one more,
         timed on this deployed artifact."""
         ctx = self.context
-        digest = digest_of(key)
-        have = ctx.latency_table().round_count(digest)
+        digest, table = digest_of(key), ctx.latency_table()
+        have = table.round_count(digest)
         if have < ctx.protocol.max_rounds:
             rounds = None if have == 0 else 1
             timings = time_rounds({"": logits_of}, ctx.example, ctx.protocol, rounds)[""]
             record_session(ctx.storage, ctx.study_id, key, timings)
-        result = ctx.latency_table().result(digest)
+            table = table.adding(digest, timings)
+        result = table.result(digest)
         assert result is not None
         return result
 
@@ -715,8 +716,8 @@ class Objective:
         view = pruned.sampler_view(ctx.constraints, baseline_of(ctx.study_trials()))
         trial.set_user_attr(SAMPLER_VIEW_ATTR, view)
         trial.set_user_attr(PRUNED_ATTR, reason)
-        self.context.tracker.set_tags(run_id, {"tuner.pruned": "true"})
-        self.context.tracker.close(run_id, "KILLED", reason)
+        ctx.tracker.set_tags(run_id, {"tuner.pruned": "true"})
+        ctx.tracker.close(run_id, "KILLED", reason)
         console.trial_pruned(trial.number, reason)
 
     def _fail(self, trial: optuna.Trial, run_id: str, exc: Exception) -> None:
