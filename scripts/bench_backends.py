@@ -235,6 +235,7 @@ def bench(args: argparse.Namespace) -> int:
                 "logits_of": converted.logits_of,
                 "size_mb": converted.size_mb,
                 "convert_s": converted.seconds,
+                "notes": converted.notes,
                 **checks,
             }
             print(f"converted {row} in {converted.seconds:.1f} s", file=sys.stderr)
@@ -266,9 +267,32 @@ def bench(args: argparse.Namespace) -> int:
             f"{_cell(row, 'agreement', '.1%')} | {_cell(row, 'max_logit_diff', '.3g')} | "
             f"{_cell(row, 'val_accuracy', '.3f')} | {_cell(row, 'convert_s', '.1f')} |"
         )
+    described = {name: row["notes"] for name, row in rows.items() if row.get("notes")}
+    if described:
+        print("\nWhat the artifacts hold:\n")
+        for name, notes in described.items():
+            print(f"- {name}: {describe(notes)}")
     if args.study:
         compare_front(args, baseline_name, baseline_p50)
     return 0
+
+
+def describe(notes: dict) -> str:
+    """A backend's notes in a line: fused operators, nodes kept in fp32."""
+    parts = []
+    if "fused_ops" in notes:
+        fused = notes["fused_ops"]
+        parts.append(" ".join(f"{op} x{n}" for op, n in fused.items()) or "nothing fused")
+    if notes.get("attention_fused") is False:
+        parts.append("attention NOT fused")
+    if "fp32_nodes" in notes:
+        kept = notes["fp32_nodes"]
+        parts.append(
+            f"{len(kept)} of {len(kept) + notes['int8_nodes']} quantisable nodes kept in fp32 "
+            f"({', '.join(kept) or 'none'}), agreement on training inputs "
+            f"{notes['train_agreement']:.1%}"
+        )
+    return "; ".join(parts)
 
 
 def rows_to_convert(backends: list[str], variants: list[str]) -> list[tuple[str, str]]:

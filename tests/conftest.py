@@ -19,6 +19,9 @@ from tuner.models.hf_encoder import SequenceClassifier
 from tuner.recipe import ModelRecipe
 
 REPO = Path(__file__).resolve().parent.parent
+# Backends whose conversion compiles with Inductor, 10-25 s a case on 2 cores: their
+# per-backend cases run in the full suite, not in the fast selection.
+COMPILING = frozenset({"compile", "compile_frozen"})
 
 
 def listed_backends(*overrides: str) -> list[str]:

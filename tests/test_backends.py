@@ -4,12 +4,13 @@ within its stated tolerance, or says why it is unavailable here."""
 
 from __future__ import annotations
 
+import copy
 import math
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import PROTOCOL, TINY_BERT, Subject
+from conftest import COMPILING, PROTOCOL, TINY_BERT, Subject
 from omegaconf import OmegaConf
 
 from tuner.backends import BACKENDS, Backend, ExampleInputs
@@ -23,10 +24,14 @@ TOLERANCE = {
     "text": {
         "eager": 0.0,
         "compile": 1e-4,
+        "compile_frozen": 1e-4,
         "onnxruntime": 1e-4,
+        "onnxruntime_fused": 1e-4,
         "bf16": 0.05,
         "int8_dynamic": 0.1,
         "onnxruntime_int8": 0.1,
+        "onnxruntime_fused_int8": 0.1,
+        "onnxruntime_mixed": 0.1,
     },
     # The CNN's logits span about +-10, so int8 rounding moves them further than the BERT's.
     "image": {
@@ -34,12 +39,15 @@ TOLERANCE = {
         "channels_last": 1e-4,
         "conv_bn_folded": 1e-4,
         "compile": 1e-4,
+        "compile_frozen": 1e-4,
         "onnxruntime": 1e-4,
+        "onnxruntime_fused": 1e-4,
         "bf16": 0.3,
         "int8_dynamic": 0.2,
         "int8_static": 0.8,
         "onnxruntime_int8": 0.8,
         "onnxruntime_int8_static": 0.8,
+        "onnxruntime_mixed": 0.8,
     },
 }
 REPO = Path(__file__).resolve().parent.parent
@@ -107,10 +115,16 @@ def test_every_backend_states_a_tolerance_for_each_modality_it_deploys():
 
 
 def _contract_case(modality: str, name: str, deploy=DEPLOY):
-    return pytest.param(modality, name, deploy, id=f"{modality}-{name}")
+    marks = [pytest.mark.slow] if name in COMPILING else []
+    return pytest.param(modality, name, deploy, id=f"{modality}-{name}", marks=marks)
 
 
-ORT_INT8 = ("onnxruntime_int8", "onnxruntime_int8_static")
+ORT_INT8 = (
+    "onnxruntime_int8",
+    "onnxruntime_int8_static",
+    "onnxruntime_fused_int8",
+    "onnxruntime_mixed",
+)
 CONTRACT_CASES = [_contract_case(modality, name) for modality, name in CASES] + [
     pytest.param(modality, name, REDUCED_RANGE, id=f"{modality}-{name}-reduce_range")
     for modality, name in CASES
@@ -176,6 +190,153 @@ def test_static_int8_is_calibrated_on_training_batches(image_subject, tmp_path):
     )
     failed = _deploy_subject("int8_static", uncalibrated, tmp_path / "uncalibrated")
     assert failed.error is not None and "calibration batches" in failed.error
+
+
+def test_fused_text_backends_fuse_each_layer_and_say_so(text_subject, tmp_path):
+    """The tiny BERT has 2 layers: one attention, two residual LayerNorms and one FFN GELU
+    each, one embedding LayerNorm, and a GELU in the classification head."""
+    from tuner.backends.fusion import graph_ops
+
+    expected = {
+        "onnxruntime_fused": {
+            "Attention": 2,
+            "SkipLayerNormalization": 4,
+            "BiasGelu": 2,
+            "EmbedLayerNormalization": 1,
+            "Gelu": 1,
+        },
+        # Quantised after fusing: attention and the embedding LayerNorm run as int8 kernels.
+        "onnxruntime_fused_int8": {
+            "QAttention": 2,
+            "SkipLayerNormalization": 4,
+            "BiasGelu": 2,
+            "QEmbedLayerNormalization": 1,
+            "Gelu": 1,
+        },
+    }
+    own_attention = text_subject.model.encoder.config._attn_implementation
+    for name, fused in expected.items():
+        result = _deploy_subject(name, text_subject, tmp_path / name)
+        assert result.error is None, result.error
+        assert result.notes == {"fused_ops": fused, "attention_fused": True}
+        ops = graph_ops(result.artifact)
+        assert not any(op in ("Softmax", "LayerNormalization") for _, op in ops)
+    # The trained model keeps its own attention for the other backends.
+    assert text_subject.model.encoder.config._attn_implementation == own_attention != "eager"
+    # A graph exported as it is for plain ONNX Runtime fuses nothing, and a report on it says
+    # that its attention is not fused.
+    from tuner.backends.fusion import fusion_report
+
+    plain = _deploy_subject("onnxruntime", text_subject, tmp_path / "plain")
+    assert fusion_report(plain.artifact, "text") == {"fused_ops": {}, "attention_fused": False}
+
+
+def test_fused_image_graph_folds_batch_norms_into_its_convolutions(image_subject, tmp_path):
+    from tuner.backends.fusion import graph_ops
+
+    result = _deploy_subject("onnxruntime_fused", image_subject, tmp_path)
+    assert result.error is None, result.error
+    ops = graph_ops(result.artifact)
+    convolutions = sum(isinstance(m, torch.nn.Conv2d) for m in image_subject.model.modules())
+    batch_norms = sum(isinstance(m, torch.nn.BatchNorm2d) for m in image_subject.model.modules())
+    assert batch_norms > 0
+    # Every batch norm folded away; every convolution kept, fused with its activation or not.
+    assert not any(op == "BatchNormalization" for _, op in ops)
+    assert ops["ai.onnx", "Conv"] + ops["com.microsoft", "FusedConv"] == convolutions
+    assert result.notes["fused_ops"]["FusedConv"] == ops["com.microsoft", "FusedConv"] > 0
+    assert "attention_fused" not in result.notes
+
+
+def _near_the_boundary_with_one_fragile_layer(model: torch.nn.Module):
+    """A copy of the tiny BERT whose int8 sensitivity is known in advance, and texts it
+    classifies by a small margin.
+
+    The first layer's FFN output projection gets 20 times its weights (its output then
+    dominates the residual stream), and one weight 1000 times the largest on a neuron that is
+    always 0: the fp32 model computes what it did, but with one int8 scale for the whole tensor
+    every other weight of that projection rounds to zero. The head's bias is set so that the
+    texts' logit margins centre on 0, and the texts kept are those with margins above 0.01:
+    far above float rounding and the other layers' int8 errors, below that layer's."""
+    from tuner.training import collect_logits
+
+    fragile = copy.deepcopy(model)
+    layer = fragile.encoder.encoder.layer[0]
+    with torch.no_grad():
+        layer.output.dense.weight *= 20
+        layer.intermediate.dense.weight[7] = 0
+        layer.intermediate.dense.bias[7] = -100  # GELU(-100) is 0
+        layer.output.dense.weight[:, 7] = 1000 * layer.output.dense.weight.abs().max()
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(1, 100, (200, 16), generator=generator)
+    mask = torch.ones(200, 16, dtype=torch.long)
+    mask[::3, 10:] = 0
+    texts = TokenizedTexts(ids, mask, torch.arange(200) % 2)
+    logits = collect_logits(fragile, texts)
+    with torch.no_grad():
+        fragile.head.out.bias[1] -= (logits[:, 1] - logits[:, 0]).median()
+    logits = collect_logits(fragile, texts)
+    keep = ((logits[:, 1] - logits[:, 0]).abs() > 0.01).nonzero().flatten()[:48]
+    assert len(keep) == 48
+    return fragile, TokenizedTexts(ids[keep], mask[keep], torch.arange(48) % 2)
+
+
+def test_mixed_precision_keeps_the_layer_int8_hurts_most_in_fp32(text_subject, tmp_path):
+    per_tensor = OmegaConf.merge(DEPLOY, {"onnx": {"int8": {"per_channel": False}}})
+    fragile, texts = _near_the_boundary_with_one_fragile_layer(text_subject.model)
+    subject = Subject(
+        fragile,
+        text_subject.recipe,
+        texts,
+        _example(texts),
+        [batch.inputs for batch in texts.batches(16)],
+    )
+    strict = OmegaConf.merge(per_tensor, {"mixed": {"min_agreement": 1.0}})
+    result = _deploy_subject("onnxruntime_mixed", subject, tmp_path / "strict", strict)
+    assert result.error is None, result.error
+    notes = result.notes
+    # That projection is the most sensitive node by far, and the only one kept in fp32.
+    fragile_node = "/encoder/encoder/layer.0/output/dense/MatMul"
+    (most_sensitive, second, *_) = notes["sensitivity"].values()
+    assert list(notes["sensitivity"])[0] == fragile_node
+    assert most_sensitive > 10 * second
+    assert notes["fp32_nodes"] == [fragile_node]
+    assert notes["train_agreement"] == 1.0
+    assert notes["int8_nodes"] == len(notes["sensitivity"]) - 1
+    # Every matmul with weights was scored: Q, K, V, attention output, FFN in and out in each
+    # of the 2 layers, the head's two (exported as Gemm, quantised as MatMul), and the three
+    # embedding lookups (words, positions, token types).
+    scored = notes["sensitivity"]
+    assert len([n for n in scored if n.endswith("MatMul")]) == 12 + 2
+    assert len([n for n in scored if n.endswith("Gather")]) == 3
+    # The artifact keeps exactly those nodes in fp32 (under their names) and quantises the
+    # other matmuls.
+    import onnx
+
+    nodes = {n.name: n.op_type for n in onnx.load(str(result.artifact)).graph.node}
+    kept_matmuls = [n for n in notes["fp32_nodes"] if n.endswith("MatMul")]
+    assert all(nodes[name] == "MatMul" for name in kept_matmuls)
+    assert list(nodes.values()).count("MatMulInteger") == 14 - len(kept_matmuls)
+    # As few as needed: with that node in int8 too, the agreement asked for is missed.
+    import onnxruntime as ort
+    from onnxruntime.quantization import quantize_dynamic
+
+    from tuner.backends.onnx_export import int8_options
+
+    every_node = tmp_path / "every-node-int8.onnx"
+    quantize_dynamic(
+        str(tmp_path / "strict" / "model.fp32.onnx"), str(every_node), **int8_options(strict)
+    )
+    session = ort.InferenceSession(str(every_node), providers=["CPUExecutionProvider"])
+    int8_logits = session.run(
+        None, {"input_ids": texts.input_ids.numpy(), "attention_mask": texts.attention_mask.numpy()}
+    )[0]
+    with torch.inference_mode():
+        fp32_logits = fragile(texts.input_ids, texts.attention_mask)
+    assert (torch.from_numpy(int8_logits).argmax(-1) != fp32_logits.argmax(-1)).any()
+    # Asking for no agreement at all keeps nothing in fp32.
+    loose = OmegaConf.merge(per_tensor, {"mixed": {"min_agreement": 0.0}})
+    result = _deploy_subject("onnxruntime_mixed", subject, tmp_path / "loose", loose)
+    assert result.error is None and result.notes["fp32_nodes"] == []
 
 
 def test_int8_backends_make_smaller_artifacts(tiny_bert, val_data, tmp_path):

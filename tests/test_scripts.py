@@ -94,3 +94,31 @@ def test_bench_search_prints_a_row_per_configuration_and_plots(tmp_path):
     assert run["curve"][-1][1] == pytest.approx(union)
     # The table's final median hypervolume is that run's, as printed with 4 digits.
     assert cells[1].startswith(f"{union:.4g} [")
+
+
+def test_bench_batching_compares_random_and_grouped_batches(tmp_path):
+    runs_file = tmp_path / "batching.json"
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "scripts" / "bench_batching.py"),
+            "--seeds",
+            "0",
+            "--json",
+            str(runs_file),
+            "--",
+            "+experiment=bert_ffn",
+            "debug=smoke",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    rows = [line for line in result.stdout.splitlines() if line.startswith("| ")]
+    assert [row.split("|")[1].strip() for row in rows[1:]] == ["random", "grouped by length"]
+    runs = {run["grouped"]: run for run in json.loads(runs_file.read_text())["runs"]}
+    # Grouping by length trims padding: fewer tokens for the same examples and epochs.
+    assert 0 < runs[True]["tokens"] < runs[False]["tokens"]
+    assert all(0 <= run["val_accuracy"] <= 1 for run in runs.values())

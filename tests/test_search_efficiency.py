@@ -9,6 +9,8 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
+from tuner.backends import BACKENDS, Backend
+from tuner.backends.torch_files import export_weights, load_weights
 from tuner.config import compose_config, with_params
 from tuner.data import load_splits
 from tuner.early_stopping import CURVE_ATTR, PRUNED_ATTR
@@ -108,6 +110,64 @@ def _curve_trained_alone(args: list[str], lr: float) -> list[float]:
 
 def _run_of(client: MlflowClient, trial: optuna.trial.FrozenTrial):
     return client.get_run(trial.user_attrs["mlflow_run_id"])
+
+
+def test_without_a_budget_or_early_stopping_the_trained_artifacts_are_timed(study_dir, capsys):
+    study, _ = _run(study_dir, [0.003, 0.003])
+    # Nothing needed the latencies before training, so nothing was converted for them.
+    assert "latency before training" not in capsys.readouterr().out
+    first, second = study.get_trials()
+    assert first.state == second.state == TrialState.COMPLETE
+    # The first trained model's artifact was timed for the protocol's 5 rounds, the second
+    # model of the same architecture added one; both points show the table's one latency.
+    table = LatencyTable.of_attrs(study.user_attrs)
+    (rounds,) = table.rounds.values()
+    assert len(rounds) == 5 + 1
+    latencies = {p.latency_ms_p50 for p in study_points(study)}
+    assert latencies == {table.result(first.user_attrs["latency_key"]).p50_ms}
+
+
+def _untimeable(artifact, deploy):
+    """Eager weights that serve validation batches but fail every batch-1 call after the one
+    conversion makes: the backend deploys, then cannot be timed."""
+    model = load_weights(artifact)
+    calls = {"batch of one": 0}
+
+    def logits_of(*inputs):
+        if inputs[0].shape[0] == 1:
+            calls["batch of one"] += 1
+            if calls["batch of one"] > 1:
+                raise RuntimeError("cannot be timed")
+        return model(*inputs)
+
+    return logits_of
+
+
+def test_a_backend_that_cannot_be_timed_fails_its_point_alone(study_dir, monkeypatch):
+    untimeable = Backend("test_untimeable", export_weights, _untimeable)
+    monkeypatch.setitem(BACKENDS._entries, "test_untimeable", untimeable)
+    _script[:] = [0.003]
+    fixed = [a for a in _args(study_dir) if not a.startswith(("search_space=", "deploy.backend="))]
+    args = [
+        *fixed,
+        "search_space={train.lr:'choice(0.003,1e-9)',"
+        "deploy.backend:'choice(eager,test_untimeable)'}",
+    ]
+    run_study(compose_config(args), overrides=args)
+    study = optuna.load_study(study_name=STUDY, storage=f"sqlite:///{study_dir}/optuna.db")
+    by_backend = {
+        t.user_attrs.get("deploy.backend", t.params.get("deploy.backend")): t
+        for t in study.get_trials()
+    }
+    eager, failed = by_backend["eager"], by_backend["test_untimeable"]
+    assert eager.state == TrialState.COMPLETE
+    assert failed.state == TrialState.FAIL
+    assert "timing failed: RuntimeError: cannot be timed" in failed.user_attrs["fail_reason"]
+    # Eager's rounds, interleaved with the failing backend's until it failed, then timed alone,
+    # are in the table; the failing backend left nothing there.
+    table = LatencyTable.of_attrs(study.user_attrs)
+    assert [len(rounds) for rounds in table.rounds.values()] == [5]
+    assert table.result(eager.user_attrs["latency_key"]).p50_ms == eager.values[1]
 
 
 def test_a_configuration_over_the_latency_budget_is_not_trained(study_dir):

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from conftest import PROTOCOL, REPO
+from conftest import COMPILING, PROTOCOL, REPO
 from omegaconf import OmegaConf
 from test_backends import DEPLOY
 
@@ -35,9 +35,12 @@ def _available(modality: str) -> list:
     return [
         pytest.param(
             name,
-            marks=[pytest.mark.skip(reason=f"{name} is unavailable here: {left_out[name]}")]
-            if name in left_out
-            else [],
+            marks=(
+                [pytest.mark.skip(reason=f"{name} is unavailable here: {left_out[name]}")]
+                if name in left_out
+                else []
+            )
+            + ([pytest.mark.slow] if name in COMPILING else []),
             id=name,
         )
         for name in names

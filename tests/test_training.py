@@ -23,6 +23,7 @@ def _train_cfg(**changes):
         epochs=2,
         batch_size=8,
         warmup_ratio=0.1,
+        group_by_length=True,
         seed=0,
         num_threads=None,
     )
@@ -117,3 +118,21 @@ def test_auto_init_covers_head_and_new_encoder(tiny_bert):
     assert layers["head.out"] == "linear"
     assert layers["encoder.encoder.layer.0.intermediate.dense"] == "gelu"
     assert layers["encoder.encoder.layer.0.output.dense"] == "linear"
+
+
+def test_logits_come_back_in_data_order_when_batches_are_grouped(tiny_bert):
+    """Validation batches texts sorted by length; each example's logits must still be its own,
+    as the model gives them for that text alone."""
+    from tuner.training import collect_logits
+
+    lengths = [5, 1, 8, 3, 2, 7, 4, 6, 8, 1]
+    mask = torch.tensor([[1] * n + [0] * (8 - n) for n in lengths])
+    ids = torch.randint(1, 90, (len(lengths), 8), generator=torch.Generator().manual_seed(0))
+    data = TokenizedTexts(ids * mask, mask, torch.zeros(len(lengths), dtype=torch.long))
+    tiny_bert.eval()
+    logits = collect_logits(tiny_bert, data, batch_size=3)
+    with torch.inference_mode():
+        alone = torch.cat(
+            [tiny_bert(ids[i : i + 1, :n], mask[i : i + 1, :n]) for i, n in enumerate(lengths)]
+        )
+    assert torch.allclose(logits, alone, atol=1e-5)

@@ -45,6 +45,7 @@ NON_NEGATIVE: Rule = (lambda v: _number(v) and v >= 0, "must be a number >= 0 (0
 POSITIVE_INT: Rule = (_positive_int, "must be an int >= 1")
 NON_NEGATIVE_INT: Rule = (lambda v: _positive_int(v) or v == 0, "must be an int >= 0")
 FRACTION: Rule = (lambda v: _number(v) and 0 <= v < 1, "must be in [0, 1)")
+BOOLEAN: Rule = (lambda v: isinstance(v, bool), "must be true or false")
 OPTIONAL_NON_NEGATIVE: Rule = (
     lambda v: v is None or (_number(v) and v >= 0),
     "must be a number >= 0, or null for no limit",
@@ -72,8 +73,9 @@ VALUE_RULES: dict[str, Rule] = {
     "train.epochs": POSITIVE_INT,
     "train.batch_size": POSITIVE_INT,
     "train.warmup_ratio": FRACTION,
+    "train.group_by_length": BOOLEAN,
     "data.max_length": POSITIVE_INT,
-    "data.drop_empty": (lambda v: isinstance(v, bool), "must be true or false"),
+    "data.drop_empty": BOOLEAN,
     "model.in_chans": POSITIVE_INT,
     "model.width_multiplier": OPTIONAL_SCALE,
     "model.depth": OPTIONAL_POSITIVE_INT,
@@ -91,8 +93,12 @@ VALUE_RULES: dict[str, Rule] = {
         "must be auto, true or false",
     ),
     "deploy.onnx.int8.weight_type": (lambda v: v in ("int8", "uint8"), "must be int8 or uint8"),
-    "deploy.onnx.int8.per_channel": (lambda v: isinstance(v, bool), "must be true or false"),
+    "deploy.onnx.int8.per_channel": BOOLEAN,
     "deploy.calibration_samples": POSITIVE_INT,
+    "deploy.mixed.min_agreement": (
+        lambda v: _number(v) and 0 <= v <= 1,
+        "must be a share of predictions in [0, 1]",
+    ),
     "deploy.latency.batch_size": POSITIVE_INT,
     "deploy.latency.seq_len": POSITIVE_INT,
     "deploy.latency.num_threads": POSITIVE_INT,
@@ -100,7 +106,7 @@ VALUE_RULES: dict[str, Rule] = {
     "deploy.latency.repeats": POSITIVE_INT,
     "deploy.latency.rounds": POSITIVE_INT,
     "deploy.latency.max_rounds": POSITIVE_INT,
-    "study.pruning.enabled": (lambda v: isinstance(v, bool), "must be true or false"),
+    "study.pruning.enabled": BOOLEAN,
     "study.pruning.min_epochs": POSITIVE_INT,
     "study.pruning.margin": NON_NEGATIVE,
     "study.pruning.n_startup_trials": POSITIVE_INT,

@@ -84,6 +84,11 @@ def backend_result(result: BackendResult) -> None:
         f"±{result.latency.spread_pct:.0f}%)  size {result.model_size_mb:.1f} MB  "
         f"convert {result.convert_seconds:.1f} s"
     )
+    if result.notes.get("attention_fused") is False:
+        console.print(
+            f"  [yellow]{result.backend}: attention did not fuse[/] (softmax nodes are left in "
+            "its graph; tag deploy.attention_fused=false)"
+        )
 
 
 def latencies_before_training(
@@ -105,6 +110,12 @@ def untimed_before_training(backend: str, reason: str) -> None:
     console.print(
         f"  [yellow]{backend} did not convert the untrained model ({reason}); it is timed "
         "after training[/]"
+    )
+
+
+def interleaved_timing_failed(reason: str) -> None:
+    console.print(
+        f"  [yellow]timing the backends in turn failed ({reason}); each is timed on its own[/]"
     )
 
 

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from omegaconf import DictConfig
@@ -23,8 +24,9 @@ from tuner.memory import track_peak_memory
 from tuner.recipe import ModelRecipe
 from tuner.training import accuracy, collect_logits
 
-# A loaded artifact -> its latency.
-Timer = Callable[[Logits], LatencyResult]
+# A loaded artifact -> its latency, or None when the caller times it later (with other
+# backends' artifacts, in interleaved rounds).
+Timer = Callable[[Logits], LatencyResult | None]
 
 
 class BackendFailed(RuntimeError):
@@ -52,11 +54,16 @@ class BackendResult:
     latency: LatencyResult | None = None
     model_size_mb: float = float("nan")
     convert_seconds: float = float("nan")
-    # Everything deployment took: conversion, the validation pass and the latency protocol.
+    # What deployment took: conversion, the validation pass and the latency protocol (except
+    # an architecture's first measurement, timed with the other backends' artifacts in turn).
     deploy_seconds: float = float("nan")
     peak_memory_mb: float = float("nan")
     # The file one would ship; it lives in the deployment's working directory.
     artifact: Path | None = None
+    # The loaded artifact, kept only while its latency is still to be measured.
+    logits_of: Logits | None = None
+    # What the backend says its artifact holds (`Backend.describe`), e.g. its fused operators.
+    notes: dict[str, Any] = field(default_factory=dict)
     error: str | None = None
 
     def metrics(self) -> dict[str, float]:
@@ -87,6 +94,8 @@ class Converted:
     logits_of: Logits
     artifact: Path
     seconds: float
+    # What the backend says its artifact holds (`Backend.describe`).
+    notes: dict[str, Any] = field(default_factory=dict)
 
     @property
     def size_mb(self) -> float:
@@ -119,7 +128,8 @@ def convert(
     logits_of = backend.load(artifact, deploy_cfg)
     with torch.inference_mode():
         logits_of(*example.tensors)
-    return Converted(logits_of, artifact, time.perf_counter() - started)
+    seconds = time.perf_counter() - started
+    return Converted(logits_of, artifact, seconds, backend.describe(artifact))
 
 
 def check_outputs(logits: torch.Tensor, reference: Reference) -> dict[str, float]:
@@ -152,7 +162,8 @@ def deploy_on(
 
     Args:
         timer: the loaded artifact -> its latency; by default it is timed under `protocol`
-            (a study passes its latency table's, `tuner.latency_table`).
+            (a study passes its latency table's, `tuner.latency_table`). Where it gives None,
+            the result's latency is None and its `logits_of` stays loaded for the caller.
     """
     started = time.perf_counter()
     try:
@@ -175,5 +186,7 @@ def deploy_on(
         deploy_seconds=time.perf_counter() - started,
         peak_memory_mb=memory.growth_mb,
         artifact=converted.artifact,
+        logits_of=converted.logits_of if latency is None else None,
+        notes=converted.notes,
         **checks,
     )

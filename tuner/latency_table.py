@@ -2,9 +2,12 @@
 machine), measured once and shared by every trial, worker and resume of the study.
 
 The weights of a model do not change how fast it runs, so the first trial that meets a key
-measures it (before training, on the untrained model, interleaved across backends) and later
-trials with the same key reuse it; each may add a round (`LatencyProtocol.max_rounds`) but none
-starts over. Points of one architecture and backend therefore share one latency.
+measures it (interleaved across backends: on the trained artifacts, or before training on the
+untrained model when a latency budget or early stopping needs it then) and later trials with
+the same key reuse it; each may add a round (`LatencyProtocol.max_rounds`) but none starts over.
+Points of one architecture and backend therefore share one latency. A backend whose graph
+follows the trained weights (`Backend.graph_from_weights`) has no key: each of its artifacts is
+timed on its own.
 
 The table lives in the study's own storage as Optuna study user attributes, one per measurement
 session (`latency:<key digest>:<session>`, its rounds), each written once, whole, after its last

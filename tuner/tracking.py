@@ -144,6 +144,18 @@ class Tracker:
     def set_tags(self, run_id: str, tags: Mapping[str, str]) -> None:
         self.client.log_batch(run_id, tags=[RunTag(key, value) for key, value in tags.items()])
 
+    def log_notes(self, run_id: str, notes: Mapping[str, Any]) -> None:
+        """What a backend says its artifact holds: all of it as `deploy/notes.json`, and one
+        `deploy.<name>` tag per note (a mapping as `key=value` pairs) but for mappings too long
+        to read as a tag (a score per node, say)."""
+        tags = {
+            f"deploy.{name}": _tag_value(value)
+            for name, value in notes.items()
+            if not (isinstance(value, Mapping) and len(value) > _MAX_TAG_ENTRIES)
+        }
+        self.set_tags(run_id, tags)
+        self.client.log_dict(run_id, dict(notes), "deploy/notes.json")
+
     def finish(self, run_id: str) -> None:
         self.client.set_terminated(run_id, "FINISHED")
 
@@ -204,3 +216,22 @@ class Tracker:
             wanted = "true" if number is not None and on_front.get(int(number), False) else "false"
             if run.data.tags.get("pareto") != wanted:
                 self.client.set_tag(run.info.run_id, "pareto", wanted)
+
+
+# A note that maps more keys than this is left to deploy/notes.json.
+_MAX_TAG_ENTRIES = 20
+
+
+def _tag_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, Mapping):
+        text = " ".join(f"{key}={_tag_value(item)}" for key, item in value.items())
+    elif isinstance(value, list):
+        text = " ".join(_tag_value(item) for item in value)
+    else:
+        text = str(value)
+    # MLflow's limit on a tag's value; the whole of it is in deploy/notes.json.
+    return (text or "none")[:5000]

@@ -16,7 +16,7 @@ import json
 import math
 import tempfile
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +33,7 @@ from optuna.trial import TrialState
 from torch import nn
 
 from tuner import budget, console
-from tuner.backends import ExampleInputs
+from tuner.backends import BACKENDS, ExampleInputs
 from tuner.budget import BACKEND_KEY, TRAINED_IN_ATTR
 from tuner.config import with_params
 from tuner.constraints import (
@@ -90,6 +90,16 @@ _SUGGEST = {
     ),
     CategoricalDistribution: lambda trial, name, d: trial.suggest_categorical(name, d.choices),
 }
+
+
+# Backend -> its latency key in the study's table; None for a backend whose graph depends on
+# the trained weights (`Backend.graph_from_weights`): each of its artifacts is timed on its own.
+LatencyKeys = Mapping[str, dict[str, Any] | None]
+
+
+def _from_table(table: LatencyTable, keys: LatencyKeys) -> dict[str, LatencyResult | None]:
+    """Each backend's latency as the table has it; None where unknown."""
+    return {b: None if key is None else table.result(digest_of(key)) for b, key in keys.items()}
 
 
 def _fastest(latencies: Mapping[str, LatencyResult | None]) -> float:
@@ -208,8 +218,9 @@ class _Trained:
     trained_in: int
     # The study's baseline once this model exists: every point of it is judged against it.
     baseline: Baseline
-    # Backend -> the digest of this architecture's key in the study's latency table.
-    latency_keys: dict[str, str]
+    # Backend -> the digest of this architecture's key in the study's latency table (None: the
+    # backend's artifacts are timed each on its own).
+    latency_keys: dict[str, str | None]
 
 
 class Objective:
@@ -273,7 +284,9 @@ class Objective:
         with tempfile.TemporaryDirectory(prefix="tuner-trial-") as workdir:
             try:
                 keys = {
-                    backend: latency_key(
+                    backend: None
+                    if BACKENDS.get(backend).graph_from_weights
+                    else latency_key(
                         cfg.model, architecture, backend, cfg.deploy, ctx.protocol_record
                     )
                     for backend in backends
@@ -282,12 +295,16 @@ class Objective:
                 # whole (the caller holds interrupts back meanwhile).
                 with immediate():
                     model = self._untrained(cfg)
-                    latencies = self._latencies_before_training(
-                        model, cfg, keys, Path(workdir) / "untrained"
-                    )
-                    over_budget = over_budget_reason(latencies, ctx.constraints.latency_budget_ms)
-                    if over_budget:
-                        raise NotWorthTraining(over_budget, 0.0, _fastest(latencies))
+                    # Only a latency budget and early stopping decide anything before training
+                    # ends; without them the trained artifacts are timed, converted only once.
+                    if ctx.pruning.enabled or ctx.constraints.latency_budget_ms is not None:
+                        latencies = self._latencies_before_training(
+                            model, cfg, keys, Path(workdir) / "untrained"
+                        )
+                        budget_ms = ctx.constraints.latency_budget_ms
+                        over_budget = over_budget_reason(latencies, budget_ms)
+                        if over_budget:
+                            raise NotWorthTraining(over_budget, 0.0, _fastest(latencies))
                     trained = self._train(
                         model,
                         cfg,
@@ -403,14 +420,14 @@ class Objective:
         return model
 
     def _latencies_before_training(
-        self, model: nn.Module, cfg: DictConfig, keys: Mapping[str, dict], workdir: Path
+        self, model: nn.Module, cfg: DictConfig, keys: LatencyKeys, workdir: Path
     ) -> dict[str, LatencyResult | None]:
         """Backend -> this architecture's latency there, from the study's latency table; keys
         it lacks are measured now on the untrained model, in interleaved rounds. None where the
         untrained model would not convert (the trained one is timed instead)."""
         ctx = self.context
         table = ctx.latency_table()
-        missing = [b for b, key in keys.items() if table.round_count(digest_of(key)) == 0]
+        missing = [b for b, key in keys.items() if key and table.round_count(digest_of(key)) == 0]
         measured: dict[str, list[list[float]]] = {}
         if missing:
             model.eval()
@@ -434,9 +451,11 @@ class Objective:
                 if loaded:
                     measured = time_rounds(loaded, ctx.example, ctx.protocol)
             for backend, timings in measured.items():
-                record_session(ctx.storage, ctx.study_id, keys[backend], timings)
-                table = table.adding(digest_of(keys[backend]), timings)
-        results = {b: table.result(digest_of(key)) for b, key in keys.items()}
+                key = keys[backend]
+                assert key is not None
+                record_session(ctx.storage, ctx.study_id, key, timings)
+                table = table.adding(digest_of(key), timings)
+        results = _from_table(table, keys)
         console.latencies_before_training(results, measured=list(measured))
         return results
 
@@ -449,7 +468,7 @@ class Objective:
         run_id: str,
         trial: optuna.Trial,
         configuration: int,
-        keys: Mapping[str, dict],
+        keys: LatencyKeys,
     ) -> _Trained:
         ctx = self.context
         curve: list[float] = []
@@ -462,7 +481,7 @@ class Objective:
             if ctx.pruning.enabled:
                 trials, table = ctx.study_trials(), ctx.latency_table()
                 # The latencies as the table stands now, as the front's points have them.
-                latencies = {b: table.result(digest_of(key)) for b, key in keys.items()}
+                latencies = _from_table(table, keys)
                 reason = stop_reason(
                     epoch.val_accuracy,
                     epoch.epoch,
@@ -504,7 +523,7 @@ class Objective:
             configuration,
             trial.number,
             baseline,
-            {backend: digest_of(key) for backend, key in keys.items()},
+            {backend: key and digest_of(key) for backend, key in keys.items()},
         )
 
     def _deploy_everywhere(
@@ -513,7 +532,7 @@ class Objective:
         backends: Sequence[str],
         cfg: DictConfig,
         workdir: Path,
-        keys: Mapping[str, dict],
+        keys: LatencyKeys,
     ) -> dict[str, BackendResult]:
         ctx = self.context
         recipe = ModelRecipe.of(cfg.model, ctx.factory.num_labels)
@@ -533,25 +552,64 @@ class Objective:
                 ctx.calibration,
                 timer=lambda logits_of, key=keys[backend]: self._latency(logits_of, key),
             )
-            console.backend_result(result)
             results[backend] = result
+        results.update(self._first_latencies(results, keys))
+        for result in results.values():
+            console.backend_result(result)
         return results
 
-    def _latency(self, logits_of, key: Mapping[str, Any]) -> LatencyResult:
-        """The key's latency from the study's table. A key it lacks (the untrained model would
-        not convert) is measured now; one with fewer than `max_rounds` rounds gets one more,
-        timed on this deployed artifact."""
+    def _latency(self, logits_of, key: Mapping[str, Any] | None) -> LatencyResult | None:
+        """The key's latency from the study's table, with one more round timed on this
+        deployed artifact while it has fewer than `max_rounds`; None for a key the table lacks,
+        or no key (`_first_latencies` measures those)."""
         ctx = self.context
+        if key is None:
+            return None
         digest, table = digest_of(key), ctx.latency_table()
         have = table.round_count(digest)
+        if have == 0:
+            return None
         if have < ctx.protocol.max_rounds:
-            rounds = None if have == 0 else 1
-            timings = time_rounds({"": logits_of}, ctx.example, ctx.protocol, rounds)[""]
+            timings = time_rounds({"": logits_of}, ctx.example, ctx.protocol, rounds=1)[""]
             record_session(ctx.storage, ctx.study_id, key, timings)
             table = table.adding(digest, timings)
-        result = table.result(digest)
-        assert result is not None
-        return result
+        return table.result(digest)
+
+    def _first_latencies(
+        self, results: Mapping[str, BackendResult], keys: LatencyKeys
+    ) -> dict[str, BackendResult]:
+        """The latencies the table lacks (or does not keep), measured on the trained artifacts
+        in rounds interleaved across backends, recorded in the table where the backend has a
+        key, and put on their results."""
+        ctx = self.context
+        waiting = {b: r.logits_of for b, r in results.items() if r.logits_of is not None}
+        if not waiting:
+            return {}
+        try:
+            measured = time_rounds(waiting, ctx.example, ctx.protocol)
+        except Exception as exc:  # one backend's failure must not take the others' points
+            console.interleaved_timing_failed(f"{type(exc).__name__}: {exc}")
+            measured = {}
+        updated, table = {}, ctx.latency_table()
+        for backend, logits_of in waiting.items():
+            key = keys[backend]
+            try:
+                timings = (
+                    measured.get(backend)
+                    or time_rounds({backend: logits_of}, ctx.example, ctx.protocol)[backend]
+                )
+                if key is None:
+                    latency = LatencyResult.of_rounds(timings)
+                else:
+                    record_session(ctx.storage, ctx.study_id, key, timings)
+                    table = table.adding(digest_of(key), timings)
+                    latency = table.result(digest_of(key))
+            except Exception as exc:
+                error = f"timing failed: {type(exc).__name__}: {exc}"
+                updated[backend] = replace(results[backend], error=error, logits_of=None)
+                continue
+            updated[backend] = replace(results[backend], latency=latency, logits_of=None)
+        return updated
 
     def _joining_front(self, results: Mapping[str, BackendResult], trained: _Trained) -> set[str]:
         """The backends whose points are on the feasible front once this model's points join
@@ -604,6 +662,8 @@ class Objective:
             set_attr(FAILED_BACKEND_ATTR, result.backend)
             ctx.tracker.fail(run_id, reason)
             return {}
+        if result.notes:
+            ctx.tracker.log_notes(run_id, result.notes)
         metrics = result.metrics()
         for name in (
             "latency_ms_p95",

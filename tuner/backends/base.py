@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from omegaconf import DictConfig
@@ -64,6 +65,11 @@ class Backend:
         load: artifact + the `deploy` config -> a callable returning logits; what serving runs.
         unavailable_reason: why this machine cannot run the backend, or None when it can.
         modalities: the input modalities whose models it deploys (`tuner.modalities`).
+        describe: artifact -> what it holds that the point should record (JSON values, e.g.
+            the fused operators); logged as `deploy.<name>` tags and `deploy/notes.json`.
+        graph_from_weights: the artifact's graph depends on the trained weights (which nodes
+            stay fp32, say), so its latency is not the architecture's: each artifact is timed
+            on its own after training, and the study's latency table does not keep it.
     """
 
     name: str
@@ -71,6 +77,8 @@ class Backend:
     load: Callable[[Path, DictConfig], Logits]
     unavailable_reason: Callable[[], str | None] = lambda: None
     modalities: frozenset[str] = frozenset({"text", "image"})
+    describe: Callable[[Path], dict[str, Any]] = lambda artifact: {}
+    graph_from_weights: bool = False
 
 
 BACKENDS: Registry[Backend] = Registry("deploy.backend")
@@ -85,5 +93,5 @@ def unavailable_backends(names: Sequence[str]) -> dict[str, str]:
 def calibration_batches(ctx: ConversionContext) -> Sequence[tuple[torch.Tensor, ...]]:
     """The calibration batches, or a clear failure for a backend that needs them."""
     if not ctx.calibration:
-        raise ValueError("static quantisation needs calibration batches of training inputs")
+        raise ValueError("this backend needs calibration batches of training inputs")
     return ctx.calibration

@@ -16,7 +16,7 @@ from tuner.backends.base import BACKENDS, Backend, Logits
 from tuner.backends.torch_files import export_weights, load_weights
 
 
-def _unavailable() -> str | None:
+def compile_unavailable() -> str | None:
     if not any(shutil.which(compiler) for compiler in ("c++", "g++", "clang++")):
         return "Inductor needs a C++ compiler (c++, g++ or clang++) on PATH"
     return None
@@ -27,5 +27,7 @@ def _load(artifact: Path, deploy: DictConfig) -> Logits:
 
 
 BACKENDS.register("compile")(
-    Backend(name="compile", export=export_weights, load=_load, unavailable_reason=_unavailable)
+    Backend(
+        name="compile", export=export_weights, load=_load, unavailable_reason=compile_unavailable
+    )
 )

@@ -116,6 +116,8 @@ def register_onnx_backend(
     name: str,
     export: Callable[[nn.Module, ConversionContext], Path],
     modalities: frozenset[str] = frozenset({"text", "image"}),
+    describe: Callable[[Path], dict[str, Any]] = lambda artifact: {},
+    graph_from_weights: bool = False,
 ) -> None:
     """An ONNX Runtime backend: its own export, the shared session loader and availability."""
     BACKENDS.register(name)(
@@ -125,5 +127,7 @@ def register_onnx_backend(
             load=load_session,
             unavailable_reason=onnxruntime_missing,
             modalities=modalities,
+            describe=describe,
+            graph_from_weights=graph_from_weights,
         )
     )

@@ -18,6 +18,12 @@ class ImageTensors:
     def __len__(self) -> int:
         return int(self.labels.shape[0])
 
-    def batches(self, batch_size: int, generator: torch.Generator | None = None) -> Iterator[Batch]:
+    def batches(
+        self,
+        batch_size: int,
+        generator: torch.Generator | None = None,
+        group_by_length: bool = False,
+    ) -> Iterator[Batch]:
+        """Every image has one size, so `group_by_length` changes nothing."""
         for index in index_batches(len(self), batch_size, generator):
-            yield Batch((self.images[index],), self.labels[index])
+            yield Batch((self.images[index],), self.labels[index], index)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tuner.data.batches import Batch, index_batches
+from tuner.data.batches import Batch, index_batches, length_grouped_batches
 
 
 @dataclass(frozen=True)
@@ -19,12 +19,23 @@ class TokenizedTexts:
     def __len__(self) -> int:
         return int(self.labels.shape[0])
 
-    def batches(self, batch_size: int, generator: torch.Generator | None = None) -> Iterator[Batch]:
+    def batches(
+        self,
+        batch_size: int,
+        generator: torch.Generator | None = None,
+        group_by_length: bool = False,
+    ) -> Iterator[Batch]:
         """Batches of (input_ids, attention_mask); padding beyond each batch is dropped."""
-        for index in index_batches(len(self), batch_size, generator):
+        indices = (
+            length_grouped_batches(self.attention_mask.sum(dim=1), batch_size, generator)
+            if group_by_length
+            else index_batches(len(self), batch_size, generator)
+        )
+        for index in indices:
             mask = self.attention_mask[index]
             length = max(int(mask.sum(dim=1).max()), 1)
-            yield Batch((self.input_ids[index, :length], mask[:, :length]), self.labels[index])
+            inputs = (self.input_ids[index, :length], mask[:, :length])
+            yield Batch(inputs, self.labels[index], index)
 
 
 def tokenize_texts(

@@ -41,7 +41,8 @@ class TrainResult:
 
 # Validation, deployment checks and serving all batch examples alike: int8 backends quantise
 # activations with ranges of the whole batch, and text batches are trimmed to their longest
-# example, so the same examples in other batches can give other logits.
+# example, so the same examples in other batches can give other logits. Texts are batched
+# sorted by length: the batches then carry almost no padding.
 EVAL_BATCH_SIZE = 64
 
 
@@ -50,8 +51,13 @@ def collect_logits(
     logits_of: Logits, data: Encoded, batch_size: int = EVAL_BATCH_SIZE
 ) -> torch.Tensor:
     """Logits of any callable mapping model inputs to logits, in data order."""
-    outputs = [logits_of(*batch.inputs).float() for batch in data.batches(batch_size)]
-    return torch.cat(outputs) if outputs else torch.empty(0, 0)
+    logits: torch.Tensor | None = None
+    for batch in data.batches(batch_size, group_by_length=True):
+        output = logits_of(*batch.inputs).float()
+        if logits is None:
+            logits = output.new_empty((len(data), *output.shape[1:]))
+        logits[batch.index] = output
+    return logits if logits is not None else torch.empty(0, 0)
 
 
 def accuracy(logits: torch.Tensor, labels: torch.Tensor) -> float:
@@ -99,7 +105,7 @@ def train(
     for epoch in range(1, int(cfg.epochs) + 1):
         model.train()
         loss_sum = 0.0
-        for batch in train_data.batches(batch_size, generator):
+        for batch in train_data.batches(batch_size, generator, bool(cfg.group_by_length)):
             if skip_single and len(batch.labels) == 1:
                 continue
             loss = batch_loss(model, batch, generator)

@@ -1,0 +1,159 @@
+"""Training time and accuracy with texts batched at random or grouped by length.
+
+Trains one configuration of an experiment (the default study's MiniLM on Rotten Tomatoes unless
+told otherwise) once per seed and batching, interleaved (seed by seed, both batchings in turn)
+so a drift of the machine's speed lands on both, and prints a table: training seconds (the
+epochs and their validation passes, as `train_seconds` of a trial), tokens the training batches
+carried (padding included) and final validation accuracy, median and range over seeds, and
+the paired differences:
+
+    python scripts/bench_batching.py --seeds 0 1 2 -- +experiment=bert_ffn
+
+Extra arguments after `--` are Hydra overrides (default: `+experiment=bert_ffn`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+import torch
+
+from tuner.backends.cpu import isa_flags
+from tuner.config import compose_config
+from tuner.data import load_splits
+from tuner.edits import apply_edits
+from tuner.latency import cpu_model
+from tuner.models import build_model
+from tuner.space import SearchSpace
+from tuner.study import modality_for
+from tuner.training import batch_loss, initialise_new_layers, train
+
+BATCHINGS = {"random": False, "grouped by length": True}
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--json", help="also write every run's figures to this file")
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides (after --)")
+    args = parser.parse_args()
+    args.overrides = args.overrides or ["+experiment=bert_ffn"]
+    return args
+
+
+class _CountingTokens:
+    """The training split, counting the tokens (padding included) of the batches training
+    draws from it."""
+
+    def __init__(self, data) -> None:
+        self.data, self.labels, self.tokens = data, data.labels, 0
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def batches(self, *args, **kwargs):
+        for batch in self.data.batches(*args, **kwargs):
+            self.tokens += batch.inputs[0].numel()
+            yield batch
+
+
+def train_once(cfg, splits, modality, train_data, val_data, seed: int, grouped: bool) -> dict:
+    """One trial's model and training, as `tuner.trial` builds and trains it."""
+    train_cfg = cfg.train.copy()
+    train_cfg.seed, train_cfg.group_by_length = seed, grouped
+    torch.manual_seed(seed)
+    model = build_model(cfg.model, splits.num_labels)
+    torch.manual_seed(seed)
+    apply_edits(model, cfg.model)
+    initialise_new_layers(model.new_layers(), str(train_cfg.init))
+    counted = _CountingTokens(train_data)
+    started = time.perf_counter()
+    result = train(
+        model,
+        counted,
+        val_data,
+        train_cfg,
+        batch_loss(modality.name, train_cfg, splits.num_labels),
+    )
+    return {
+        "seed": seed,
+        "grouped": grouped,
+        "train_seconds": time.perf_counter() - started,
+        "tokens": counted.tokens,
+        "val_accuracy": result.val_accuracy,
+    }
+
+
+def spread(values: list[float], digits: int) -> str:
+    low, high = min(values), max(values)
+    middle = statistics.median(values)
+    return f"{middle:.{digits}f} [{low:.{digits}f}-{high:.{digits}f}]"
+
+
+def table(runs: list[dict]) -> str:
+    lines = [
+        "| batching | train s | tokens per run | val accuracy |",
+        "|---|---|---|---|",
+    ]
+    for name, grouped in BATCHINGS.items():
+        mine = [r for r in runs if r["grouped"] == grouped]
+        lines.append(
+            f"| {name} | {spread([r['train_seconds'] for r in mine], 1)} "
+            f"| {spread([r['tokens'] for r in mine], 0)} "
+            f"| {spread([r['val_accuracy'] for r in mine], 4)} |"
+        )
+    by_seed = {(r["seed"], r["grouped"]): r for r in runs}
+    seeds = sorted({r["seed"] for r in runs})
+    time_ratio = [
+        by_seed[s, True]["train_seconds"] / by_seed[s, False]["train_seconds"] for s in seeds
+    ]
+    accuracy_gain = [
+        100 * (by_seed[s, True]["val_accuracy"] - by_seed[s, False]["val_accuracy"]) for s in seeds
+    ]
+    lines.append("")
+    lines.append(
+        "Grouped against random, seed by seed: train time x"
+        + ", x".join(f"{r:.2f}" for r in time_ratio)
+        + "; accuracy "
+        + ", ".join(f"{g:+.2f}" for g in accuracy_gain)
+        + " points."
+    )
+    return "\n".join(lines)
+
+
+def main() -> int:
+    args = parse_args()
+    torch.set_num_threads(args.threads)
+    cfg = compose_config(args.overrides)
+    splits = load_splits(cfg.data)
+    modality = modality_for(cfg, SearchSpace(), splits)
+    train_data = modality.encode(splits.train.items, splits.train.labels)
+    val_data = modality.encode(splits.val.items, splits.val.labels)
+    runs = []
+    for seed in args.seeds:
+        for name, grouped in BATCHINGS.items():
+            run = train_once(cfg, splits, modality, train_data, val_data, seed, grouped)
+            print(
+                f"seed {seed}, {name}: {run['train_seconds']:.1f} s, "
+                f"val_accuracy {run['val_accuracy']:.4f}",
+                file=sys.stderr,
+            )
+            runs.append(run)
+    print(
+        f"{' '.join(args.overrides)}; {len(train_data)} training examples, "
+        f"{args.threads} threads; {cpu_model()}, flags {isa_flags()}\n"
+    )
+    print(table(runs))
+    if args.json:
+        with open(args.json, "w") as out:
+            json.dump({"overrides": args.overrides, "runs": runs}, out, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,42 @@
+"""ONNX Runtime int8 on the fused graph of `onnxruntime_fused`: fused first, then quantised
+dynamically, so attention runs as ONNX Runtime's int8 QAttention kernel and the matmuls as int8
+ones (ONNX Runtime quantises attention only once it is fused). Text models."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from torch import nn
+
+from tuner.backends.base import ConversionContext
+from tuner.backends.fusion import fuse_onnx, fusion_report, read_notes, write_notes
+from tuner.backends.onnx_export import (
+    export_onnx,
+    int8_options,
+    quiet_root_logger,
+    register_onnx_backend,
+)
+
+
+def _export(model: nn.Module, ctx: ConversionContext) -> Path:
+    import onnx
+    from onnxruntime.quantization import quantize_dynamic
+
+    fused = fuse_onnx(model, ctx, export_onnx, ctx.workdir / "model.fused.onnx")
+    artifact = ctx.workdir / "model.fused.int8.onnx"
+    with quiet_root_logger():
+        quantize_dynamic(
+            str(fused),
+            str(artifact),
+            **int8_options(ctx.deploy),
+            # The quantiser cannot infer the types of the fused operators' outputs; they are
+            # all fp32.
+            extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
+        )
+    write_notes(artifact, fusion_report(artifact, "text"))
+    return artifact
+
+
+register_onnx_backend(
+    "onnxruntime_fused_int8", _export, modalities=frozenset({"text"}), describe=read_notes
+)
