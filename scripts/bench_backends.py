@@ -8,7 +8,8 @@
         --variants onnx.int8.reduce_range=true onnx.int8.weight_type=uint8
 
 --model minilm (the default): the packaged MiniLM-L6 gets a short fine-tune on Rotten Tomatoes
-(so agreement is measured on a real classifier), then its FFNs are cut to --ffn-width, and it is
+(so agreement is measured on a real classifier), then its FFNs are cut to --ffn-width (and its
+encoder to --num-layers), and it is
 converted for each backend; the baseline is eager fp32 at full width. --model resnet: timm's
 ResNet-18 at --width-multiplier and --depth is trained from scratch on Fashion-MNIST (or
 --data digits), and converted for each backend; the baseline is the trained model itself, eager
@@ -80,6 +81,9 @@ def parse_args() -> argparse.Namespace:
         help="conf/data file (default: rotten_tomatoes for minilm, fashion_mnist for resnet)",
     )
     parser.add_argument("--ffn-width", type=int, default=1024, help="minilm: FFN width cut to")
+    parser.add_argument(
+        "--num-layers", type=int, help="minilm: encoder layers kept (default: all six)"
+    )
     parser.add_argument("--width-multiplier", type=float, default=0.5, help="resnet: channels")
     parser.add_argument("--depth", type=int, default=2, help="resnet: blocks per stage")
     parser.add_argument(
@@ -144,7 +148,10 @@ def config_overrides(args: argparse.Namespace) -> list[str]:
 
 def edits(args: argparse.Namespace) -> dict:
     """The structural edits applied after training (`tuner.edits`, by their `model` keys)."""
-    return {"ffn_width": args.ffn_width} if args.model == "minilm" else {}
+    if args.model != "minilm":
+        return {}
+    depth = {} if args.num_layers is None else {"num_layers": args.num_layers}
+    return {"ffn_width": args.ffn_width, **depth}
 
 
 def default_backends(modality: str) -> list[str]:
@@ -166,7 +173,8 @@ def trained_model(cfg: DictConfig, num_labels: int, modality: str, train_data, v
 def title(args: argparse.Namespace, cfg: DictConfig, n_train: int, example) -> str:
     examples = f"{n_train} {' '.join(EXAMPLES[args.data])}"
     if args.model == "minilm":
-        what = f"MiniLM-L6 fine-tuned on {examples}, FFN {args.ffn_width}"
+        layers = "" if args.num_layers is None else f", {args.num_layers} layers"
+        what = f"MiniLM-L6 fine-tuned on {examples}, FFN {args.ffn_width}{layers}"
         shape = f"seq {args.seq_len}"
     else:
         epochs = f"{args.epochs} epoch{'s' if args.epochs != 1 else ''}"
@@ -247,7 +255,7 @@ def bench(args: argparse.Namespace) -> int:
     baseline_p50 = latencies[baseline_name].p50_ms
     print(f"\n{title(args, cfg, len(train_data), example)}")
     print(f"CPU flags: {isa_flags()}")
-    against = f"at FFN {args.ffn_width}" if args.model == "minilm" else "of the same model"
+    against = "of the same edits" if args.model == "minilm" else "of the same model"
     print(
         f"Agreement and accuracy on {len(val)} validation {EXAMPLES[args.data][1]}, "
         f"against eager fp32 {against}.\n"

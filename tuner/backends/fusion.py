@@ -54,6 +54,7 @@ def _fuse_transformer(model: nn.Module, ctx: ConversionContext, export: Export, 
         exported = export(model, ctx, ctx.workdir / "model.fp32.onnx")
     finally:  # the trained model keeps its own attention for the other backends
         encoder.set_attn_implementation(own)
+    # The optimizer reports each step through the root logger (INFO under Hydra's logging).
     with quiet_root_logger():
         optimized = optimize_model(
             str(exported),
@@ -61,7 +62,7 @@ def _fuse_transformer(model: nn.Module, ctx: ConversionContext, export: Export, 
             num_heads=int(config.num_attention_heads),
             hidden_size=int(config.hidden_size),
         )
-    optimized.save_model_to_file(str(path))
+        optimized.save_model_to_file(str(path))
     return path
 
 
