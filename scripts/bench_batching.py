@@ -23,11 +23,12 @@ import time
 import torch
 
 from tuner.backends.cpu import isa_flags
-from tuner.config import compose_config
+from tuner.config import apply_debug, compose_config, resolve
 from tuner.data import load_splits
 from tuner.edits import apply_edits
 from tuner.latency import cpu_model
 from tuner.models import build_model
+from tuner.retrain import override_keys
 from tuner.space import SearchSpace
 from tuner.study import modality_for
 from tuner.training import batch_loss, initialise_new_layers, train
@@ -129,7 +130,8 @@ def table(runs: list[dict]) -> str:
 def main() -> int:
     args = parse_args()
     torch.set_num_threads(args.threads)
-    cfg = compose_config(args.overrides)
+    # A debug profile (`debug=smoke`) shrinks the run as it shrinks `python -m tuner`.
+    cfg = resolve(apply_debug(compose_config(args.overrides), override_keys(args.overrides)))
     splits = load_splits(cfg.data)
     modality = modality_for(cfg, SearchSpace(), splits)
     train_data = modality.encode(splits.train.items, splits.train.labels)

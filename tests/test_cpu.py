@@ -138,3 +138,18 @@ def test_resume_that_drops_a_searched_key_is_refused():
         check_same_space(study, fraction, {}, {})
     # Fixed on the command line, the key is accounted for.
     check_same_space(study, SearchSpace(fixed={"model.ffn_width": 1024}), {}, {})
+
+
+def test_an_unknown_cpu_is_treated_as_the_lowest_common_denominator(monkeypatch, capsys):
+    from tuner.backends import cpu
+    from tuner.study import runnable_backends
+
+    assert cpu.unknown_cpu_notice() is None  # this machine's flags can be read
+    monkeypatch.setattr(cpu, "cpu_flags", lambda: frozenset())
+    # No instruction set is assumed: 7-bit int8 weights, no bf16, and a notice at start-up.
+    assert int8_options(_deploy())["reduce_range"] is True
+    assert native_bf16_unavailable() is not None
+    runnable, left_out = runnable_backends(["eager", "bf16"], {})
+    assert runnable == ["eager"] and "bf16" in left_out
+    out = capsys.readouterr().out
+    assert "could not be read" in out and "lowest common denominator" in out

@@ -1,10 +1,12 @@
-"""The tracking store under several workers: opening it is safe when they start together."""
+"""The tracking store: opening it is safe when several workers start together, and what a
+backend says of its artifact lands on the run as tags and a file."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 _OPEN_AT = """
 import sys, time
@@ -33,3 +35,36 @@ def test_workers_that_start_together_share_a_new_sqlite_tracking_store(tmp_path)
     for worker in workers:
         _, errors = worker.communicate(timeout=120)
         assert worker.returncode == 0, errors
+
+
+def test_what_an_artifact_holds_is_logged_as_tags_and_a_json_file(tmp_path, monkeypatch):
+    import json
+
+    from mlflow.tracking import MlflowClient
+
+    from tuner.tracking import Tracker
+
+    monkeypatch.chdir(tmp_path)  # MLflow's artifacts go under the working directory
+    tracker = Tracker(f"sqlite:///{tmp_path}/mlflow.db", "study")
+    parent = tracker.start_parent("study", {}, "")
+    run_id = tracker.start_trial(parent, "study", 0, "onnxruntime_fused", {}, trained_in_trial=0)
+    sensitivity = {f"node{i}": i / 100 for i in range(30)}
+    notes = {
+        "fused_ops": {"Attention": 6, "SkipLayerNormalization": 12},
+        "attention_fused": True,
+        "fp32_nodes": ["a/MatMul", "b/MatMul"],
+        "train_agreement": 0.99612,
+        "sensitivity": sensitivity,
+    }
+    tracker.log_notes(run_id, notes)
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    tags = client.get_run(run_id).data.tags
+    assert tags["deploy.fused_ops"] == "Attention=6 SkipLayerNormalization=12"
+    assert tags["deploy.attention_fused"] == "true"
+    assert tags["deploy.fp32_nodes"] == "a/MatMul b/MatMul"
+    assert tags["deploy.train_agreement"] == "0.9961"
+    # A score per node is too long to read as a tag: it is in the file only.
+    assert "deploy.sensitivity" not in tags
+    assert tags["deploy.backend"] == "onnxruntime_fused"
+    written = client.download_artifacts(run_id, "deploy/notes.json", str(tmp_path))
+    assert json.loads(Path(written).read_text()) == notes

@@ -155,6 +155,10 @@ def database_retry(operation: str, error: str, seconds: float) -> None:
     )
 
 
+def unknown_cpu(notice: str) -> None:
+    console.print(f"[yellow]Notice:[/] {notice}")
+
+
 def backend_left_out(backend: str, reason: str) -> None:
     console.print(f"[yellow]Backend {backend} is left out on this machine:[/] {reason}")
 

@@ -38,8 +38,10 @@ _PREFIX = "latency:"
 _KEY_PREFIX = "latency-key:"
 # Model keys that change training but not the graph that is timed.
 _TRAINING_ONLY = frozenset({"random_init", "dropout", "drop_rate"})
-# Deploy keys that are the protocol (in the key on their own) or choose the backend.
-_NOT_IN_DEPLOY_KEY = frozenset({"backend", "latency"})
+# Deploy keys that are the protocol (in the key on their own) or choose the backend, and the
+# settings of onnxruntime_mixed, whose latency the table never keeps (its graph follows the
+# trained weights).
+_NOT_IN_DEPLOY_KEY = frozenset({"backend", "latency", "mixed"})
 # How far a measurement may grow is no part of what it measures: raising it extends the table.
 _NOT_IN_PROTOCOL_KEY = frozenset({"latency.max_rounds"})
 

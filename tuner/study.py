@@ -21,6 +21,7 @@ from optuna.trial import TrialState
 
 from tuner import budget, console
 from tuner.backends import BACKENDS, unavailable_backends
+from tuner.backends.cpu import unknown_cpu_notice
 from tuner.checks import candidate_values, check_config, defined_in
 from tuner.config import (
     apply_debug,
@@ -379,6 +380,9 @@ def runnable_backends(
 ) -> tuple[list[str], dict[str, str]]:
     """The listed backends this machine can run, and why each other one cannot (one console
     line each). None runnable stops the study before anything is created."""
+    notice = unknown_cpu_notice()
+    if notice:
+        console.unknown_cpu(notice)
     left_out = unavailable_backends(backends)
     for name, reason in left_out.items():
         console.backend_left_out(name, reason)

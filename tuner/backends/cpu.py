@@ -39,6 +39,18 @@ def cpu_flags() -> frozenset[str]:
     return frozenset()
 
 
+def unknown_cpu_notice() -> str | None:
+    """What a study on a CPU whose instruction sets cannot be read assumes (None when they
+    can): the lowest common denominator, so nothing is built for instructions it may lack."""
+    if cpu_flags():
+        return None
+    return (
+        "this CPU's instruction sets could not be read (no flags in /proc/cpuinfo); it is "
+        "treated as the lowest common denominator: int8 weights in 7 bits "
+        "(deploy.onnx.int8.reduce_range=auto), bf16 left out"
+    )
+
+
 def isa_flags() -> str:
     """The vector and matrix instruction sets of this CPU, e.g. `avx2 avx512_vnni amx_int8`."""
     return " ".join(sorted(flag for flag in cpu_flags() if _RECORDED_FLAGS.match(flag)))
