@@ -83,11 +83,17 @@ def _fewest_fp32(
     are kept) for `min_agreement`; writes that model to `artifact`. Returns the count and the
     agreement reached (all nodes in fp32 when nothing less reaches it)."""
     tried: dict[int, float] = {}
+    written: list[int] = []  # the count whose model `artifact` holds now
+
+    def write(count: int) -> Path:
+        if written != [count]:
+            quantiser.write(artifact, nodes_to_exclude=by_sensitivity[:count])
+            written[:] = [count]
+        return artifact
 
     def agreement_keeping(count: int) -> float:
         if count not in tried:
-            exclude = by_sensitivity[:count]
-            tried[count] = quantiser.agreement(quantiser.write(artifact, nodes_to_exclude=exclude))
+            tried[count] = quantiser.agreement(write(count))
         return tried[count]
 
     low, high = 0, len(by_sensitivity)
@@ -98,7 +104,7 @@ def _fewest_fp32(
         else:
             low = middle + 1
     reached = agreement_keeping(low)
-    quantiser.write(artifact, nodes_to_exclude=by_sensitivity[:low])
+    write(low)  # the bisection may have tried another count last
     return low, reached
 
 
