@@ -405,3 +405,21 @@ def test_a_pickled_object_in_an_artifact_is_refused(tmp_path, capsys):
     with pytest.raises(pickle.UnpicklingError):
         load_quantized(bad, lambda model, saved: model)
     assert "this must never run" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("override", "named"),
+    [
+        ("deploy.mixed.min_agreement=1.5", "'deploy.mixed.min_agreement': 1.5 must be a share"),
+        ("train.group_by_length=sometimes", "'train.group_by_length': 'sometimes' must be true"),
+    ],
+)
+def test_bad_mixed_precision_and_batching_settings_are_refused_at_start_up(override, named):
+    from tuner.config import compose_config
+    from tuner.errors import ConfigError
+    from tuner.study import prepare
+
+    args = ["+experiment=bert_ffn", "debug=smoke", override]
+    with pytest.raises(ConfigError) as refused:
+        prepare(compose_config(args), {}, [override.split("=")[0]])
+    assert named in str(refused.value)
