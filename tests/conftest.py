@@ -68,6 +68,25 @@ def tiny_bert() -> SequenceClassifier:
     return TINY_BERT.build()
 
 
+def train_cfg(**changes):
+    """A `train` node for training tiny models in tests, with `changes` laid over it."""
+    values = dict(
+        optimizer="adam",
+        lr=1e-3,
+        weight_decay=1e-5,
+        grad_clip_norm=0.0,
+        init="auto",
+        mixup_alpha=0.0,
+        epochs=2,
+        batch_size=8,
+        warmup_ratio=0.1,
+        group_by_length=True,
+        seed=0,
+        num_threads=None,
+    )
+    return OmegaConf.create({**values, **changes})
+
+
 PROTOCOL = LatencyProtocol(batch_size=1, seq_len=16, num_threads=2, warmup=1, repeats=3)
 
 

@@ -215,9 +215,11 @@ def test_image_batch_loss_handles_odd_batches():
     model = build_model(_model_cfg(width_multiplier=0.25, depth=1), 3)
     images, labels = _labelled_images(5)
     for n in (5, 3):
-        loss = loss_of(
+        output = loss_of(
             model,
             Batch((images[:n],), labels[:n], torch.arange(n)),
             torch.Generator().manual_seed(0),
         )
-        assert torch.isfinite(loss)
+        assert torch.isfinite(output.loss)
+        # The odd image is left out of the mixed batch; the logits are those of the mixed ones.
+        assert output.logits.shape == (n - n % 2, 3)

@@ -4,30 +4,12 @@ import math
 
 import pytest
 import torch
-from omegaconf import OmegaConf
+from conftest import train_cfg
 
 from tuner.data.tokens import TokenizedTexts
 from tuner.errors import TrialFailed
 from tuner.models.base import NewLayer
 from tuner.training import batch_loss, evaluate, initialise_new_layers, mixup, train
-
-
-def _train_cfg(**changes):
-    values = dict(
-        optimizer="adam",
-        lr=1e-3,
-        weight_decay=1e-5,
-        grad_clip_norm=0.0,
-        init="auto",
-        mixup_alpha=0.0,
-        epochs=2,
-        batch_size=8,
-        warmup_ratio=0.1,
-        group_by_length=True,
-        seed=0,
-        num_threads=None,
-    )
-    return OmegaConf.create({**values, **changes})
 
 
 def _separable_data(n: int = 64) -> TokenizedTexts:
@@ -45,7 +27,7 @@ def _train_text(model, data, cfg, **callbacks):
 def test_training_learns_and_reports_every_epoch(tiny_bert):
     data = _separable_data()
     epochs = []
-    result = _train_text(tiny_bert, data, _train_cfg(epochs=3), on_epoch=epochs.append)
+    result = _train_text(tiny_bert, data, train_cfg(epochs=3), on_epoch=epochs.append)
     assert [e.epoch for e in epochs] == [1, 2, 3]
     assert epochs[-1].train_loss < epochs[0].train_loss
     assert result.val_accuracy == evaluate(tiny_bert, data) > 0.9
@@ -56,14 +38,14 @@ def test_training_learns_and_reports_every_epoch(tiny_bert):
 
 def test_mixup_and_clipping_train_too(tiny_bert):
     data = _separable_data()
-    result = _train_text(tiny_bert, data, _train_cfg(mixup_alpha=0.2, grad_clip_norm=5.0))
+    result = _train_text(tiny_bert, data, train_cfg(mixup_alpha=0.2, grad_clip_norm=5.0))
     assert all(math.isfinite(e.train_loss) for e in result.epochs)
 
 
 def test_diverging_loss_fails_the_trial_with_the_reason(tiny_bert):
     data = _separable_data()
     with pytest.raises(TrialFailed, match=r"train_loss became (nan|inf) at epoch 1, step \d+"):
-        _train_text(tiny_bert, data, _train_cfg(lr=1e30))
+        _train_text(tiny_bert, data, train_cfg(lr=1e30))
 
 
 def test_mixup_mixes_representations_and_labels_alike():

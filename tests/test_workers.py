@@ -17,6 +17,7 @@ from conftest import postgres_control, runnable_backends
 from mlflow.tracking import MlflowClient
 
 from tuner import budget
+from tuner.teacher import STORED_ATTR, TRIAL_ATTR
 
 # Real studies in subprocesses: the full suite's, not the fast selection's.
 pytestmark = pytest.mark.slow
@@ -135,6 +136,17 @@ def test_workers_share_n_trials_of_one_study(workdirs, postgres_database):
     _run_workers(workdirs, storage, tracking, 3, "debug.overrides.study.n_trials=4")
     study = _load(storage)
     _assert_consistent(study, tracking, trained=4)
+    # Three workers started together; one of them trained the study's distillation teacher,
+    # once, and every trained student learnt from that one.
+    (teacher,) = [t for t in study.trials if TRIAL_ATTR in t.system_attrs]
+    assert teacher.state == TrialState.COMPLETE
+    stored = study.user_attrs[STORED_ATTR]["auto"]
+    assert stored["trial"] == teacher.number
+    client = MlflowClient(tracking)
+    for trial in _own_trials(study):
+        if trial.params.get("train.distill.alpha", 0) > 0:
+            tags = client.get_run(trial.user_attrs["mlflow_run_id"]).data.tags
+            assert tags["tuner.teacher"] == stored["uri"]
     # Workers drew different configurations, not one seed's sequence each. (A worker that found
     # the budget spent between its check and its ask leaves a skipped trial without params.)
     drawn = [t for t in _own_trials(study) if budget.SKIPPED_ATTR not in t.user_attrs]

@@ -12,7 +12,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from tuner.config import CONF_DIR, register_resolvers, search_space_sources
-from tuner.errors import ConfigError
+from tuner.errors import ConfigError, StudyStopped
 from tuner.experiments import choose_an_experiment, experiments, help_text
 from tuner.recovery import Terminated
 
@@ -35,6 +35,9 @@ def main(cfg: DictConfig) -> None:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
+    except StudyStopped as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(1)
     except KeyboardInterrupt as interrupt:
         print(
             "Interrupted: the running trial is marked failed and queued again, its MLflow runs "

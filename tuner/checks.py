@@ -74,6 +74,20 @@ VALUE_RULES: dict[str, Rule] = {
     "train.batch_size": POSITIVE_INT,
     "train.warmup_ratio": FRACTION,
     "train.group_by_length": BOOLEAN,
+    "train.distill.alpha": (
+        lambda v: _number(v) and 0 <= v <= 1,
+        "must be a weight in [0, 1] (0 turns distillation off)",
+    ),
+    "train.distill.temperature": POSITIVE,
+    "train.distill.hidden_weight": NON_NEGATIVE,
+    "train.distill.teacher": (
+        lambda v: (
+            (isinstance(v, int) and not isinstance(v, bool) and v >= 0)
+            or (isinstance(v, str) and v != "")
+        ),
+        "must be auto, a trial number of this study, or a stored teacher (runs:/<run id>/"
+        "teacher, or a directory)",
+    ),
     "data.max_length": POSITIVE_INT,
     "data.drop_empty": BOOLEAN,
     "model.in_chans": POSITIVE_INT,

@@ -148,6 +148,27 @@ def waiting_for_workers(running: int) -> None:
     )
 
 
+def training_teacher(trial_number: int, reference: object) -> None:
+    console.print(
+        f"Training the distillation teacher (train.distill.teacher={reference}) in trial "
+        f"#{trial_number}, before any student; it is stored with the study for every worker."
+    )
+
+
+def waiting_for_teacher(trial_number: int) -> None:
+    console.print(
+        f"Waiting for the distillation teacher, trained by another worker in trial "
+        f"#{trial_number} (one whose worker dies is queued again and taken here)."
+    )
+
+
+def teacher_missing(location: str, reason: str) -> None:
+    console.print(
+        f"[yellow]Notice:[/] the study's stored teacher at {location} cannot be loaded "
+        f"({reason}); it is trained again, once."
+    )
+
+
 def database_retry(operation: str, error: str, seconds: float) -> None:
     console.print(
         f"  [yellow]database unavailable during {operation} ({error}); retrying for up to "

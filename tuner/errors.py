@@ -13,3 +13,8 @@ class ConfigError(ValueError):
 
 class TrialFailed(RuntimeError):
     """A trial cannot produce a result (e.g. its loss diverged); the study goes on."""
+
+
+class StudyStopped(RuntimeError):
+    """The study cannot go on (e.g. its distillation teacher failed to train); nothing recorded
+    is lost, the message says why, and a later run resumes it."""

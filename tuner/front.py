@@ -25,6 +25,10 @@ MODEL_URI_ATTR = "mlflow_model_uri"
 FAILED_BACKEND_ATTR = "failed_backend"
 # The digest of a point's latency key in the study's latency table (`tuner.latency_table`).
 LATENCY_KEY_ATTR = "latency_key"
+# Set on every point of a study's distillation teacher: the `train.distill.teacher` reference
+# it was trained for. The teacher trains with fixed values, not sampled params, so its points
+# show this in their params.
+TEACHER_OF_ATTR = "distill_teacher_of"
 
 
 @dataclass(frozen=True)
@@ -111,7 +115,12 @@ def points_of(
             latency_ms_p95=p95,
             model_size_mb=float(trial.user_attrs.get("model_size_mb", float("nan"))),
             trained_in_trial=int(trial.user_attrs.get("trained_in_trial", trial.number)),
-            params=dict(trial.params),
+            params=dict(trial.params)
+            | (
+                {"teacher": trial.user_attrs[TEACHER_OF_ATTR]}
+                if TEACHER_OF_ATTR in trial.user_attrs
+                else {}
+            ),
             feasible=constraints.feasible(trial.values[0], p50, baseline),
             model_uri=trial.user_attrs.get(MODEL_URI_ATTR),
             mlflow_run_id=trial.user_attrs.get(RUN_ID_ATTR),

@@ -10,7 +10,11 @@ from typing import Any
 import optuna
 from optuna.distributions import BaseDistribution
 from optuna.samplers import BaseSampler
-from optuna.storages._heartbeat import BaseHeartbeat, is_heartbeat_enabled  # noqa: F401
+from optuna.storages._heartbeat import (  # noqa: F401
+    BaseHeartbeat,
+    get_heartbeat_thread,
+    is_heartbeat_enabled,
+)
 from optuna.trial import FrozenTrial, TrialState
 
 
@@ -24,6 +28,12 @@ def study_id_of(study: optuna.Study) -> int:
 
 def trial_id_of(trial: optuna.Trial | FrozenTrial) -> int:
     return trial._trial_id
+
+
+def heartbeat_of(trial_id: int, storage: optuna.storages.BaseStorage):
+    """A context manager that beats for a trial run outside `study.optimize` (which beats for
+    its own trials); a no-op where the storage keeps no heartbeats."""
+    return get_heartbeat_thread(trial_id, storage)
 
 
 def stale_trial_ids(storage: optuna.storages.RDBStorage, study_id: int) -> list[int]:

@@ -46,6 +46,14 @@ class _SpaceError(ConfigError):
         super().__init__(f"Invalid search space in {source}: key '{key}': {message}")
 
 
+def fits(distribution: BaseDistribution, value: Any) -> bool:
+    """Whether `value` is one the distribution can hold (a choice, or within the range)."""
+    if isinstance(distribution, CategoricalDistribution):
+        return value in distribution.choices
+    low, high = distribution.low, distribution.high  # type: ignore[attr-defined]
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and low <= value <= high
+
+
 def parse_expression(key: str, expression: Any, source: str = "<search_space>") -> Any:
     """Parse one sweep expression into an Optuna distribution, or return a plain fixed value."""
     if not isinstance(expression, str):

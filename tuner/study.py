@@ -42,13 +42,20 @@ from tuner.latency import LatencyProtocol
 from tuner.latency_table import LatencyTable
 from tuner.modalities import MODALITIES, Modality
 from tuner.models import MODEL_FAMILIES
-from tuner.optuna_compat import FilteredSampler, is_heartbeat_enabled, storage_of
+from tuner.optuna_compat import (
+    FilteredSampler,
+    heartbeat_of,
+    is_heartbeat_enabled,
+    storage_of,
+    trial_id_of,
+)
 from tuner.recovery import StaleTrials, deferred, interruptible, raise_if_interrupted
 from tuner.retrain import override_keys
 from tuner.samplers import SAMPLERS
 from tuner.settings import OBJECTIVES, check_change_keys, settings_of, settle
 from tuner.space import SearchSpace
 from tuner.storage import Heartbeat, is_sqlite, live_trial_numbers, open_storage
+from tuner.teacher import ensure_trained, teachers_for
 from tuner.tracking import Tracker
 from tuner.trial import BACKEND_KEY, ModelFactory, Objective, ServingContext, TrialContext
 
@@ -239,6 +246,7 @@ def run_study(
     check_same_space(study, space, sources or {}, left_out)
     # Last of the checks, so that a change it records is one this run goes on with.
     _settle_settings(study, cfg)
+    teachers = teachers_for(cfg, space, splits.label_names, study.get_trials(deepcopy=False))
     n_trials = int(cfg.study.n_trials)
     if _nothing_left(study, n_trials):
         console.budget_reached(study.study_name, n_trials)
@@ -261,7 +269,7 @@ def run_study(
         OmegaConf.to_yaml(cfg),
     )
 
-    def publish(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+    def record_front(study: optuna.Study) -> None:
         trials = study.get_trials(deepcopy=False)
         points = points_of(trials, constraints, LatencyTable.of_attrs(study.user_attrs))
         started = min((t.datetime_start for t in trials if t.datetime_start), default=None)
@@ -279,6 +287,10 @@ def run_study(
                 {"hypervolume_by_second": progress.hypervolume},
                 step=int(progress.search_seconds),
             )
+
+    def publish(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        record_front(study)
+        trials = study.get_trials(deepcopy=False)
         # Running trials of every worker count, so the last ones stop without asking for more.
         if budget.trained(trials) >= n_trials:
             study.stop()
@@ -286,6 +298,7 @@ def run_study(
         raise_if_interrupted()
 
     train_data = modality.encode(splits.train.items, splits.train.labels)
+    study_id = storage.get_study_id_from_name(study.study_name)
     with tempfile.TemporaryDirectory(prefix="tuner-inputs-") as inputs_dir:
         # Saved once: every logged model ships the input pipeline (tokenizer, or image
         # normalisation) beside its backend artifact.
@@ -306,7 +319,7 @@ def run_study(
             parent_run_id=parent_id,
             n_trials=n_trials,
             storage=storage,
-            study_id=storage.get_study_id_from_name(study.study_name),
+            study_id=study_id,
             max_retry=int(cfg.study.heartbeat.max_retry),
             pruning=PruningSettings.from_config(cfg.study.pruning),
             serving=ServingContext(
@@ -318,11 +331,22 @@ def run_study(
                 study_name=str(raw_cfg.study.name),
                 profile_keys=frozenset(debug_profile_keys(raw_cfg)),
             ),
+            teachers=teachers,
         )
+        objective = Objective(context)
         try:
             with interruptible():
+                ensure_trained(
+                    study,
+                    storage,
+                    study_id,
+                    teachers,
+                    _claimed_trial_runner(study, objective, record_front),
+                    poll_seconds=int(cfg.study.heartbeat.interval),
+                    fail_stale=lambda: optuna.storages.fail_stale_trials(study),
+                )
                 _run_to_budget(
-                    study, Objective(context), publish, n_trials, int(cfg.study.heartbeat.interval)
+                    study, objective, publish, n_trials, int(cfg.study.heartbeat.interval)
                 )
         except KeyboardInterrupt:
             tracker.kill(parent_id)
@@ -334,6 +358,39 @@ def run_study(
     points = _summarise(study, constraints)
     console.review_hint(str(cfg.tracking.uri), tracker.experiment_id, parent_id)
     return points
+
+
+def _claimed_trial_runner(
+    study: optuna.Study,
+    objective: Objective,
+    record_front: Callable[[optuna.Study], None],
+) -> Callable[[optuna.trial.FrozenTrial], None]:
+    """Runs the objective on a trial this worker claimed outside `study.optimize` (the
+    teacher's), as `study.optimize` runs its own: beating while it runs, told its outcome, the
+    front published after it."""
+    storage = storage_of(study)
+
+    def run(claimed: optuna.trial.FrozenTrial) -> None:
+        trial_id = trial_id_of(claimed)
+        trial = optuna.Trial(study, trial_id)
+        values, state = None, TrialState.COMPLETE
+        with heartbeat_of(trial_id, storage):
+            try:
+                values = objective(trial)
+            except optuna.TrialPruned:
+                state = TrialState.PRUNED
+            except Exception:  # recorded with its reason by the objective
+                state = TrialState.FAIL
+            except BaseException:
+                with deferred():
+                    study.tell(trial, state=TrialState.FAIL)
+                raise
+        with deferred():
+            study.tell(trial, values, state=state)
+        record_front(study)
+        raise_if_interrupted()
+
+    return run
 
 
 def _settle_settings(study: optuna.Study, cfg: DictConfig) -> None:

@@ -156,6 +156,12 @@ class Tracker:
         self.set_tags(run_id, tags)
         self.client.log_dict(run_id, dict(notes), "deploy/notes.json")
 
+    def log_directory(self, run_id: str, directory: Path) -> str:
+        """Log a directory's files under its own name; returns where they are stored (the
+        run's artifact location, readable without this tracking store, unlike `runs:/`)."""
+        self.client.log_artifacts(run_id, str(directory), directory.name)
+        return f"{self.client.get_run(run_id).info.artifact_uri}/{directory.name}"
+
     def finish(self, run_id: str) -> None:
         self.client.set_terminated(run_id, "FINISHED")
 

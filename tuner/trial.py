@@ -60,6 +60,7 @@ from tuner.front import (
     LATENCY_KEY_ATTR,
     MODEL_URI_ATTR,
     RUN_ID_ATTR,
+    TEACHER_OF_ATTR,
     points_of,
 )
 from tuner.latency import LatencyProtocol, LatencyResult, time_rounds
@@ -72,7 +73,9 @@ from tuner.recipe import ModelRecipe
 from tuner.recovery import deferred, immediate, raise_if_interrupted, requeue
 from tuner.retrain import retrain_command, retrain_overrides
 from tuner.serving import PointSpec, deploy_config, log_point_model
-from tuner.space import SearchSpace
+from tuner.space import SearchSpace, fits
+from tuner.teacher import KEY as TEACHER_KEY
+from tuner.teacher import Teachers, record_stored, store_after_training, teacher_of
 from tuner.tracking import Tracker
 from tuner.training import EpochResult, TrainResult, batch_loss, initialise_new_layers, train
 
@@ -190,6 +193,8 @@ class TrialContext:
     max_retry: int
     serving: ServingContext
     pruning: PruningSettings
+    # The study's distillation teacher; None when no trial distils.
+    teachers: Teachers | None = None
 
     def study_trials(self) -> list[optuna.trial.FrozenTrial]:
         return self.storage.get_all_trials(self.study_id, deepcopy=False)
@@ -221,6 +226,11 @@ class _Trained:
     # Backend -> the digest of this architecture's key in the study's latency table (None: the
     # backend's artifacts are timed each on its own).
     latency_keys: dict[str, str | None]
+    # Where the teacher it learnt from is stored (None: not distilled), pinned in its
+    # retraining command.
+    teacher_location: str | None = None
+    # For the study's teacher: the `train.distill.teacher` reference it was trained for.
+    teacher_for: str | None = None
 
 
 class Objective:
@@ -252,8 +262,17 @@ class Objective:
         ctx = self.context
         # An interrupt that waited while Optuna created this trial stops it before any run.
         raise_if_interrupted()
-        sampled = {k: d for k, d in ctx.space.distributions.items() if k != BACKEND_KEY}
-        params = suggest(trial, sampled)
+        trials = ctx.study_trials()
+        teacher = teacher_of(
+            ctx.storage.get_trial(trial_id_of(trial)), {t.number: t for t in trials}
+        )
+        if teacher is None:
+            sampled = {k: d for k, d in ctx.space.distributions.items() if k != BACKEND_KEY}
+            params = suggest(trial, sampled)
+        else:
+            # The study's teacher trains with fixed values, which no sampler draws.
+            params = dict(teacher["params"])
+            trial.set_user_attr(TEACHER_OF_ATTR, teacher["reference"])
         cfg = with_params(ctx.cfg, params)
         console.trial_header(index, ctx.n_trials, trial.number, params)
         # What relative edits (fractions of the loaded model) stand for, recorded beside them.
@@ -297,7 +316,10 @@ class Objective:
                     model = self._untrained(cfg)
                     # Only a latency budget and early stopping decide anything before training
                     # ends; without them the trained artifacts are timed, converted only once.
-                    if ctx.pruning.enabled or ctx.constraints.latency_budget_ms is not None:
+                    # The teacher is trained whatever its latency: students need it.
+                    if teacher is None and (
+                        ctx.pruning.enabled or ctx.constraints.latency_budget_ms is not None
+                    ):
                         latencies = self._latencies_before_training(
                             model, cfg, keys, Path(workdir) / "untrained"
                         )
@@ -314,6 +336,7 @@ class Objective:
                         trial,
                         configuration,
                         keys,
+                        teacher_for=None if teacher is None else str(teacher["reference"]),
                     )
                     results = self._deploy_everywhere(trained, backends, cfg, Path(workdir), keys)
                 own_backend = (
@@ -469,16 +492,23 @@ class Objective:
         trial: optuna.Trial,
         configuration: int,
         keys: LatencyKeys,
+        teacher_for: str | None = None,
     ) -> _Trained:
         ctx = self.context
         curve: list[float] = []
+        distillation, teacher_location = None, None
+        if ctx.teachers is not None and float(cfg.train.distill.alpha) > 0:
+            attrs = ctx.storage.get_study_user_attrs(ctx.study_id)
+            teacher_location = ctx.teachers.location(attrs)
+            distillation = ctx.teachers.distillation(cfg.train, ctx.train_data, attrs)
+            ctx.tracker.set_tags(run_id, {"tuner.teacher": str(teacher_location)})
 
         def end_of_epoch(epoch: EpochResult) -> None:
             metrics = {"train_loss": epoch.train_loss, "val_accuracy": epoch.val_accuracy}
             ctx.tracker.log_metrics(run_id, metrics, step=epoch.epoch)
             curve.append(epoch.val_accuracy)
             trial.set_user_attr(CURVE_ATTR, curve)
-            if ctx.pruning.enabled:
+            if ctx.pruning.enabled and teacher_for is None:
                 trials, table = ctx.study_trials(), ctx.latency_table()
                 # The latencies as the table stands now, as the front's points have them.
                 latencies = _from_table(table, keys)
@@ -509,9 +539,19 @@ class Objective:
                 batch_loss(ctx.serving.modality.name, cfg.train, ctx.factory.num_labels),
                 on_step=step_done,
                 on_epoch=end_of_epoch,
+                distillation=distillation,
             )
         reference = Reference(result.val_logits, ctx.val_data.labels)
         trial.set_user_attr(EAGER_ACCURACY_ATTR, reference.accuracy)
+        if teacher_for is not None:
+            # Stored before deployment: students need it whatever its backends do.
+            uri = store_after_training(
+                model,
+                ModelRecipe.of(cfg.model, ctx.factory.num_labels),
+                ctx.serving.label_names,
+                lambda directory: ctx.tracker.log_directory(run_id, directory),
+            )
+            record_stored(ctx.storage, ctx.study_id, teacher_for, trial.number, uri)
         # Read once per trained model: every backend's point is judged against the same one.
         baseline = baseline_of(ctx.study_trials(), Baseline(reference.accuracy, trial.number))
         return _Trained(
@@ -524,6 +564,8 @@ class Objective:
             trial.number,
             baseline,
             {backend: key and digest_of(key) for backend, key in keys.items()},
+            teacher_location,
+            teacher_for,
         )
 
     def _deploy_everywhere(
@@ -646,9 +688,11 @@ class Objective:
         returns its constraint values (none for a failed point), for its trial."""
         ctx = self.context
         params = {**trained.params, BACKEND_KEY: result.backend}
+        # A distilled point retrains from the very teacher it learnt from.
+        pinned = {**params, TEACHER_KEY: trained.teacher_location}
         overrides = retrain_overrides(
             ctx.serving.overrides,
-            params,
+            pinned if trained.teacher_location else params,
             ctx.serving.study_name,
             f"{trained.trained_in}-{result.backend}",
             ctx.serving.profile_keys,
@@ -741,8 +785,15 @@ class Objective:
             EAGER_ACCURACY_ATTR: trained.reference.accuracy,
             ARCHITECTURE_ATTR: trained.architecture,
         }
+        if trained.teacher_for is not None:
+            user_attrs[TEACHER_OF_ATTR] = trained.teacher_for
         constraints = self._record(user_attrs.__setitem__, run_id, trained, result, log_model)
-        distributions = {name: d for name, d in ctx.space.distributions.items() if name in params}
+        # The teacher's values need not lie in the searched ranges; those that do are params.
+        distributions = {
+            name: d
+            for name, d in ctx.space.distributions.items()
+            if name in params and fits(d, params[name])
+        }
         point = optuna.trial.create_trial(
             state=TrialState.FAIL if result.error else TrialState.COMPLETE,
             values=None

@@ -37,11 +37,15 @@ def export_weights(model: nn.Module, ctx: ConversionContext) -> Path:
     return save_weights(model.eval(), ctx.recipe, ctx.workdir / "model.safetensors")
 
 
+def read_recipe(path: Path) -> ModelRecipe:
+    """The recipe saved beside safetensors weights."""
+    with safe_open(str(path), framework="pt") as stored:
+        return ModelRecipe.from_json(stored.metadata()[RECIPE_KEY])
+
+
 def load_weights(path: Path) -> nn.Module:
     """The float model; weights stored in another float dtype are cast to the model's."""
-    with safe_open(str(path), framework="pt") as stored:
-        recipe = ModelRecipe.from_json(stored.metadata()[RECIPE_KEY])
-    model = recipe.build()
+    model = read_recipe(path).build()
     load_model(model, str(path))
     return model.eval()
 

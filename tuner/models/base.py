@@ -35,10 +35,16 @@ class TunableModel(Protocol):
 
 @dataclass(frozen=True)
 class ModelFamily:
-    """How to build a family's models, and the input modality they read."""
+    """How to build a family's models, the input modality they read, and the `model` keys
+    that decide what exactly they read (a tokenizer's vocabulary, image channels): two models
+    of a family that agree on these take the same inputs."""
 
     build: Callable[[DictConfig, int], nn.Module]
     modality: str
+    input_keys: tuple[str, ...] = ()
+    # Whether its models are a stack of transformer layers (depth edits, hidden-state
+    # distillation).
+    layer_stack: bool = False
 
 
 MODEL_FAMILIES: Registry[ModelFamily] = Registry("model.family")

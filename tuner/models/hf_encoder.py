@@ -127,4 +127,12 @@ def build_hf_encoder(model_cfg: DictConfig, num_labels: int) -> nn.Module:
     )
 
 
-MODEL_FAMILIES.register("hf_encoder")(ModelFamily(build=build_hf_encoder, modality="text"))
+# The tokenizer comes from name_or_path.
+MODEL_FAMILIES.register("hf_encoder")(
+    ModelFamily(
+        build=build_hf_encoder,
+        modality="text",
+        input_keys=("name_or_path",),
+        layer_stack=True,
+    )
+)

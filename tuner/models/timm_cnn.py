@@ -128,4 +128,6 @@ def build_timm(model_cfg: DictConfig, num_labels: int) -> nn.Module:
     return TimmClassifier(net)
 
 
-MODEL_FAMILIES.register("timm")(ModelFamily(build=build_timm, modality="image"))
+MODEL_FAMILIES.register("timm")(
+    ModelFamily(build=build_timm, modality="image", input_keys=("in_chans",))
+)

@@ -13,7 +13,7 @@ from omegaconf import DictConfig
 from torch import nn
 
 from tuner.data.batches import Batch
-from tuner.training.mixing import MIXING, BatchLoss, plain_loss
+from tuner.training.mixing import MIXING, BatchLoss, BatchOutput, plain_loss
 
 
 @contextmanager
@@ -62,7 +62,7 @@ def image_loss(train_cfg: DictConfig, num_labels: int) -> BatchLoss:
     mixer = image_mixer(train_cfg, num_labels)
     soft_cross_entropy = SoftTargetCrossEntropy()
 
-    def loss(model: nn.Module, batch: Batch, generator: torch.Generator) -> torch.Tensor:
+    def loss(model: nn.Module, batch: Batch, generator: torch.Generator) -> BatchOutput:
         (images,), labels = batch.inputs, batch.labels
         # timm mixes a batch with its mirror image and needs an even size; an odd last batch
         # leaves one image out, as timm's own training loaders drop incomplete batches.
@@ -70,6 +70,7 @@ def image_loss(train_cfg: DictConfig, num_labels: int) -> BatchLoss:
         if even == 0:
             return plain_loss(model, batch, generator)
         mixed, targets = mix_images(mixer, images[:even], labels[:even], generator)
-        return soft_cross_entropy(model(mixed), targets)
+        logits = model(mixed)
+        return BatchOutput(soft_cross_entropy(logits, targets), logits, lambda other: other(mixed))
 
     return loss

@@ -5,7 +5,9 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 from omegaconf import DictConfig
@@ -15,6 +17,9 @@ from tuner.data.batches import Encoded
 from tuner.errors import TrialFailed
 from tuner.training.mixing import BatchLoss
 from tuner.training.optim import build_optimizer
+
+if TYPE_CHECKING:
+    from tuner.training.distill import Distillation
 
 # Model inputs -> logits: the eager model, or any backend's loaded artifact.
 Logits = Callable[..., torch.Tensor]
@@ -88,9 +93,11 @@ def train(
     batch_loss: BatchLoss,
     on_step: Callable[[int, int, float], None] = lambda done, total, loss: None,
     on_epoch: Callable[[EpochResult], None] = lambda result: None,
+    distillation: Distillation | None = None,
 ) -> TrainResult:
     """Train `model` with the knobs in `cfg` (the `train` node) and the modality's batch loss
-    (`tuner.training.mixing`); fail the trial on NaN/Inf loss."""
+    (`tuner.training.mixing`), learning from a teacher too when `distillation` is given; fail
+    the trial on NaN/Inf loss."""
     generator = torch.Generator().manual_seed(int(cfg.seed))
     optimizer = build_optimizer(model, cfg.optimizer, float(cfg.lr), float(cfg.weight_decay))
     batch_size = int(cfg.batch_size)
@@ -102,33 +109,37 @@ def train(
         optimizer, _linear_warmup_decay(total_steps, float(cfg.warmup_ratio))
     )
     result, started, step = TrainResult(), time.perf_counter(), 0
-    for epoch in range(1, int(cfg.epochs) + 1):
-        model.train()
-        loss_sum = 0.0
-        for batch in train_data.batches(batch_size, generator, bool(cfg.group_by_length)):
-            if skip_single and len(batch.labels) == 1:
-                continue
-            loss = batch_loss(model, batch, generator)
-            if not math.isfinite(loss.item()):
-                raise TrialFailed(
-                    f"train_loss became {loss.item()} at epoch {epoch}, step {step + 1}"
-                )
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            if cfg.grad_clip_norm > 0:
-                nn.utils.clip_grad_norm_(model.parameters(), float(cfg.grad_clip_norm))
-            optimizer.step()
-            schedule.step()
-            loss_sum += loss.item()
-            step += 1
-            # The epoch's mean training loss so far.
-            on_step(step, total_steps, loss_sum / (step - (epoch - 1) * steps_per_epoch))
-        model.eval()
-        result.val_logits = collect_logits(model, val_data)
-        epoch_result = EpochResult(
-            epoch, loss_sum / steps_per_epoch, accuracy(result.val_logits, val_data.labels)
-        )
-        result.epochs.append(epoch_result)
-        on_epoch(epoch_result)
+    # The teacher watches the student's layers while it trains, never afterwards.
+    teaching = distillation.teaching(model) if distillation is not None else nullcontext()
+    with teaching:
+        for epoch in range(1, int(cfg.epochs) + 1):
+            model.train()
+            loss_sum = 0.0
+            for batch in train_data.batches(batch_size, generator, bool(cfg.group_by_length)):
+                if skip_single and len(batch.labels) == 1:
+                    continue
+                output = batch_loss(model, batch, generator)
+                loss = output.loss if distillation is None else distillation.loss(output, batch)
+                if not math.isfinite(loss.item()):
+                    raise TrialFailed(
+                        f"train_loss became {loss.item()} at epoch {epoch}, step {step + 1}"
+                    )
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                if cfg.grad_clip_norm > 0:
+                    nn.utils.clip_grad_norm_(model.parameters(), float(cfg.grad_clip_norm))
+                optimizer.step()
+                schedule.step()
+                loss_sum += loss.item()
+                step += 1
+                # The epoch's mean training loss so far.
+                on_step(step, total_steps, loss_sum / (step - (epoch - 1) * steps_per_epoch))
+            model.eval()
+            result.val_logits = collect_logits(model, val_data)
+            epoch_result = EpochResult(
+                epoch, loss_sum / steps_per_epoch, accuracy(result.val_logits, val_data.labels)
+            )
+            result.epochs.append(epoch_result)
+            on_epoch(epoch_result)
     result.seconds = time.perf_counter() - started
     return result

@@ -14,7 +14,7 @@ from omegaconf import DictConfig
 from torch import nn
 
 from tuner.data.batches import Batch
-from tuner.training.mixing import MIXING, BatchLoss, plain_loss
+from tuner.training.mixing import MIXING, BatchLoss, BatchOutput, plain_loss
 
 
 @dataclass(frozen=True)
@@ -48,8 +48,15 @@ def text_loss(train_cfg: DictConfig, num_labels: int) -> BatchLoss:
     if alpha <= 0:
         return plain_loss
 
-    def loss(model: nn.Module, batch: Batch, generator: torch.Generator) -> torch.Tensor:
+    def loss(model: nn.Module, batch: Batch, generator: torch.Generator) -> BatchOutput:
         mixed = mixup(model.embed(*batch.inputs), batch.labels, alpha, generator)
-        return mixed.loss(model.classify(mixed.pooled))
+        logits = model.classify(mixed.pooled)
+
+        def mixed_logits_of(other: nn.Module) -> torch.Tensor:
+            # The other model's own pooled representations, mixed by the same lam and partners.
+            pooled = other.embed(*batch.inputs)
+            return other.classify(mixed.lam * pooled + (1 - mixed.lam) * pooled[mixed.partner])
+
+        return BatchOutput(mixed.loss(logits), logits, mixed_logits_of)
 
     return loss

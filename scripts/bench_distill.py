@@ -1,0 +1,206 @@
+"""Accuracy of shrunken models trained with and without distillation from the study's teacher.
+
+Trains the teacher a study with `train.distill.teacher=auto` trains (the unedited model, the
+experiment's own knobs, `train.seed`), then every student architecture once per seed and per
+`train.distill.alpha` (0 = not distilled), interleaved seed by seed, and prints a table:
+validation accuracy (median and range over seeds), the gain over the same architecture and seed
+without distillation, and training seconds (the cost of the teacher's logits and, for mixed
+batches, its forward passes). Students of one architecture share one latency, so the accuracy
+gain is a gain at the same latency.
+
+    python scripts/bench_distill.py --students model.ffn_width=768,model.num_layers=3 \\
+        model.ffn_width=768,model.num_layers=4 -- +experiment=bert_ffn
+    python scripts/bench_distill.py --students model.width_multiplier=0.25 \\
+        -- +experiment=resnet_mixup
+
+Extra arguments after `--` are Hydra overrides (default: `+experiment=bert_ffn`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+import torch
+import yaml
+from omegaconf import OmegaConf
+
+from tuner.backends.cpu import isa_flags
+from tuner.config import apply_debug, compose_config, resolve
+from tuner.data import load_splits
+from tuner.edits import apply_edits
+from tuner.latency import cpu_model
+from tuner.models import build_model
+from tuner.retrain import override_keys
+from tuner.space import SearchSpace
+from tuner.study import modality_for
+from tuner.training import batch_loss, initialise_new_layers, train
+from tuner.training.distill import Distillation
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "--students",
+        nargs="+",
+        required=True,
+        help="student architectures, each as comma-separated key=value model edits",
+    )
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--alphas", type=float, nargs="+", default=[0.5, 0.9])
+    parser.add_argument("--temperature", type=float, default=2.0)
+    parser.add_argument(
+        "--hidden-weight",
+        type=float,
+        default=0.0,
+        help="weight of the hidden-state term (train.distill.hidden_weight; transformers)",
+    )
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--json", help="also write every run's figures to this file")
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides (after --)")
+    args = parser.parse_args()
+    args.overrides = args.overrides or ["+experiment=bert_ffn"]
+    return args
+
+
+def edits_of(student: str) -> dict[str, object]:
+    """`model.ffn_width=768,model.num_layers=3` as {key: value}, values read as YAML."""
+    pairs = (item.partition("=") for item in student.split(","))
+    return {key.strip(): yaml.safe_load(value) for key, _, value in pairs}
+
+
+def train_once(cfg, splits, modality, train_data, val_data, edits, seed, distillation):
+    """One trial's model and training, as `tuner.trial` builds and trains it."""
+    run_cfg = cfg.copy()
+    for key, value in edits.items():
+        OmegaConf.update(run_cfg, key, value, merge=False)
+    train_cfg = run_cfg.train
+    train_cfg.seed = seed
+    torch.manual_seed(seed)
+    model = build_model(run_cfg.model, splits.num_labels)
+    torch.manual_seed(seed)
+    apply_edits(model, run_cfg.model)
+    initialise_new_layers(model.new_layers(), str(train_cfg.init))
+    started = time.perf_counter()
+    result = train(
+        model,
+        train_data,
+        val_data,
+        train_cfg,
+        batch_loss(modality.name, train_cfg, splits.num_labels),
+        distillation=distillation,
+    )
+    return model, result.val_accuracy, time.perf_counter() - started
+
+
+def spread(values: list[float], digits: int) -> str:
+    return (
+        f"{statistics.median(values):.{digits}f} "
+        f"[{min(values):.{digits}f}-{max(values):.{digits}f}]"
+    )
+
+
+def table(runs: list[dict], alphas: list[float]) -> str:
+    lines = [
+        "| student | alpha | val accuracy (median [range]) | gain over alpha 0, per seed "
+        "(points) | median gain | train s |",
+        "|---|---:|---|---|---:|---:|",
+    ]
+    plain = {(r["student"], r["seed"]): r for r in runs if r["alpha"] == 0}
+    for student in dict.fromkeys(r["student"] for r in runs):
+        for alpha in [0.0, *alphas]:
+            mine = [r for r in runs if r["student"] == student and r["alpha"] == alpha]
+            gains = [
+                100 * (r["val_accuracy"] - plain[student, r["seed"]]["val_accuracy"]) for r in mine
+            ]
+            lines.append(
+                f"| {student} | {alpha:g} | {spread([r['val_accuracy'] for r in mine], 4)} | "
+                + ("-" if alpha == 0 else ", ".join(f"{g:+.2f}" for g in gains))
+                + f" | {'-' if alpha == 0 else f'{statistics.median(gains):+.2f}'} | "
+                f"{statistics.median(r['train_seconds'] for r in mine):.1f} |"
+            )
+    return "\n".join(lines)
+
+
+def main() -> int:
+    args = parse_args()
+    torch.set_num_threads(args.threads)
+    cfg = resolve(apply_debug(compose_config(args.overrides), override_keys(args.overrides)))
+    splits = load_splits(cfg.data)
+    modality = modality_for(cfg, SearchSpace(), splits)
+    train_data = modality.encode(splits.train.items, splits.train.labels)
+    val_data = modality.encode(splits.val.items, splits.val.labels)
+    print(f"CPU: {cpu_model()}; flags: {isa_flags()}", flush=True)
+    teacher, teacher_accuracy, teacher_seconds = train_once(
+        cfg, splits, modality, train_data, val_data, {}, int(cfg.train.seed), None
+    )
+    print(f"teacher (unedited): val accuracy {teacher_accuracy:.4f}, {teacher_seconds:.1f} s")
+    started = time.perf_counter()
+    teacher_logits = Distillation.of(teacher, 0.0, 1.0, train_data).train_logits
+    logits_seconds = time.perf_counter() - started
+    print(f"teacher logits of the {len(train_data)} training examples: {logits_seconds:.1f} s")
+    runs = []
+    for seed in args.seeds:
+        for student in args.students:
+            for alpha in [0.0, *args.alphas]:
+                distillation = (
+                    Distillation(
+                        teacher, alpha, args.temperature, teacher_logits, args.hidden_weight
+                    )
+                    if alpha > 0
+                    else None
+                )
+                _, accuracy, seconds = train_once(
+                    cfg,
+                    splits,
+                    modality,
+                    train_data,
+                    val_data,
+                    edits_of(student),
+                    seed,
+                    distillation,
+                )
+                runs.append(
+                    {
+                        "student": student,
+                        "alpha": alpha,
+                        "seed": seed,
+                        "val_accuracy": accuracy,
+                        "train_seconds": seconds,
+                    }
+                )
+                print(
+                    f"seed {seed} {student} alpha {alpha:g}: {accuracy:.4f} ({seconds:.1f} s)",
+                    flush=True,
+                )
+    print()
+    print(
+        f"Teacher: val accuracy {teacher_accuracy:.4f}; temperature {args.temperature:g}; "
+        f"hidden-state weight {args.hidden_weight:g}; "
+        f"{len(train_data)} training / {len(val_data)} validation examples"
+    )
+    print(table(runs, args.alphas))
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump(
+                {
+                    "cpu": cpu_model(),
+                    "flags": isa_flags(),
+                    "overrides": args.overrides,
+                    "teacher_accuracy": teacher_accuracy,
+                    "teacher_logits_seconds": logits_seconds,
+                    "temperature": args.temperature,
+                    "hidden_weight": args.hidden_weight,
+                    "runs": runs,
+                },
+                handle,
+                indent=1,
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

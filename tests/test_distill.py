@@ -1,0 +1,166 @@
+"""Distillation's loss and its teacher logits, on tiny real models."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+from conftest import TINY_BERT, train_cfg
+
+from tuner.data.batches import Batch
+from tuner.data.tokens import TokenizedTexts
+from tuner.training import batch_loss, collect_logits, train
+from tuner.training.distill import Distillation, LayerOutputs, hidden_loss, soft_loss
+from tuner.training.mixing import BatchOutput
+
+
+def _texts(n: int = 40) -> TokenizedTexts:
+    generator = torch.Generator().manual_seed(3)
+    labels = torch.arange(n) % 2
+    lengths = torch.randint(4, 12, (n,), generator=generator)
+    ids = torch.randint(1, 50, (n, 12), generator=generator) + 49 * labels.unsqueeze(1)
+    mask = (torch.arange(12) < lengths.unsqueeze(1)).long()
+    return TokenizedTexts(ids * mask, mask, labels)
+
+
+def _kl(p: list[float], q: list[float]) -> float:
+    return sum(a * math.log(a / b) for a, b in zip(p, q, strict=True))
+
+
+def _softmax(logits: list[float]) -> list[float]:
+    exps = [math.exp(x) for x in logits]
+    return [e / sum(exps) for e in exps]
+
+
+@pytest.mark.parametrize("temperature", [1.0, 2.0, 4.0])
+def test_soft_loss_is_t_squared_times_the_kl_of_softened_outputs(temperature):
+    student = [[0.0, 0.0, 1.0], [2.0, -1.0, 0.5]]
+    teacher = [[math.log(3), 0.0, 0.0], [0.0, 1.0, -2.0]]
+    expected = sum(
+        _kl(_softmax([x / temperature for x in t]), _softmax([x / temperature for x in s]))
+        for s, t in zip(student, teacher, strict=True)
+    ) / len(student)
+    got = soft_loss(torch.tensor(student), torch.tensor(teacher), temperature)
+    assert float(got) == pytest.approx(expected * temperature**2, rel=1e-5)
+
+
+def test_the_loss_weighs_hard_and_soft_terms_by_alpha():
+    logits = torch.tensor([[1.0, -1.0], [0.2, 0.3]])
+    teacher_logits = torch.tensor([[3.0, 0.0], [-1.0, 1.0]])
+    hard = torch.tensor(0.7)
+    output = BatchOutput(hard, logits)
+    batch = Batch((torch.zeros(2, 1),), torch.tensor([0, 1]), torch.tensor([1, 0]))
+    # Teacher logits of the training set in data order: example 1 first in this batch.
+    cached = teacher_logits[[1, 0]]
+    soft = float(soft_loss(logits, teacher_logits, 2.0))
+    for alpha in (0.0, 0.5, 1.0):
+        loss = Distillation(torch.nn.Identity(), alpha, 2.0, cached).loss(output, batch)
+        assert float(loss) == pytest.approx((1 - alpha) * 0.7 + alpha * soft, rel=1e-6)
+
+
+def test_alpha_zero_trains_exactly_as_plain_training(tiny_bert):
+    data = _texts()
+    cfg = train_cfg()
+    plain, distilled = copy.deepcopy(tiny_bert), copy.deepcopy(tiny_bert)
+    torch.manual_seed(7)
+    teacher = TINY_BERT.build()  # other weights: its soft targets differ from the labels
+    distillation = Distillation.of(teacher, 0.0, 2.0, data)
+    # Dropout draws from the global generator, as in a trial (seeded before training).
+    torch.manual_seed(0)
+    train(plain, data, data, cfg, batch_loss("text", cfg, 2))
+    torch.manual_seed(0)
+    train(distilled, data, data, cfg, batch_loss("text", cfg, 2), distillation=distillation)
+    for (name, a), b in zip(
+        plain.state_dict().items(), distilled.state_dict().values(), strict=True
+    ):
+        assert torch.equal(a, b), name
+
+
+def test_a_teacher_pulls_the_student_towards_its_outputs(tiny_bert):
+    """With alpha 1 the student learns the teacher's outputs, whatever the labels say: here a
+    teacher that predicts the opposite of every label."""
+    data = _texts()
+    cfg = train_cfg(epochs=6, lr=3e-3)
+    teacher = copy.deepcopy(tiny_bert)
+    train(teacher, data, data, cfg, batch_loss("text", cfg, 2))
+    flipped = TokenizedTexts(data.input_ids, data.attention_mask, 1 - data.labels)
+    predicted = collect_logits(teacher.eval(), data).argmax(-1)
+    assert float((predicted == data.labels).float().mean()) > 0.9
+    student = copy.deepcopy(tiny_bert)
+    distillation = Distillation.of(teacher, 1.0, 1.0, data)
+    train(student, flipped, flipped, cfg, batch_loss("text", cfg, 2), distillation=distillation)
+    agreement = (collect_logits(student.eval(), data).argmax(-1) == data.labels).float().mean()
+    assert float(agreement) > 0.9
+
+
+def test_unmixed_batches_read_the_teachers_logits_of_their_own_examples(tiny_bert):
+    data = _texts()
+    distillation = Distillation.of(tiny_bert, 0.5, 2.0, data)
+    with torch.inference_mode():
+        for batch in data.batches(8, torch.Generator().manual_seed(0), group_by_length=True):
+            direct = tiny_bert(*batch.inputs)
+            assert torch.allclose(distillation.train_logits[batch.index], direct, atol=1e-5)
+
+
+def test_a_mixed_text_batch_is_shown_to_the_teacher_mixed_the_same_way(tiny_bert):
+    """The teacher sees the same lam and partners: a teacher identical to the (eval-mode)
+    student gives exactly the student's mixed logits."""
+    data = _texts()
+    model = tiny_bert.eval()
+    loss_of = batch_loss("text", train_cfg(mixup_alpha=0.4), 2)
+    batch = next(data.batches(8, torch.Generator().manual_seed(0)))
+    output = loss_of(model, batch, torch.Generator().manual_seed(5))
+    assert output.mixed_logits_of is not None
+    with torch.no_grad():
+        teacher_logits = output.mixed_logits_of(copy.deepcopy(model))
+        assert torch.allclose(teacher_logits, output.logits, atol=1e-5)
+        # and not the unmixed batch's logits
+        assert not torch.allclose(output.logits, model(*batch.inputs), atol=1e-3)
+
+
+def test_hidden_loss_averages_squared_differences_over_real_tokens_and_layers():
+    # One example of three tokens, the last one padding; hidden size 2; two student layers,
+    # and a teacher with three (the student kept the bottom two).
+    mask = torch.tensor([[1, 1, 0]])
+    student = [torch.zeros(1, 3, 2), torch.ones(1, 3, 2)]
+    teacher = [
+        torch.tensor([[[1.0, 1.0], [3.0, 1.0], [100.0, 100.0]]]),
+        torch.tensor([[[1.0, 1.0], [1.0, 1.0], [-50.0, 9.0]]]),
+        torch.full((1, 3, 2), 7.0),
+    ]
+    # Layer 0: (1 + 1 + 9 + 1) / 4 tokens-by-features = 3; layer 1: 0; mean 1.5.
+    assert float(hidden_loss(student, teacher, mask)) == pytest.approx(1.5)
+
+
+def _hidden_distance(student, teacher, data) -> float:
+    batch = next(data.batches(len(data)))
+    with torch.no_grad():
+        outputs = []
+        for model in (student, teacher):
+            layers = LayerOutputs(model.eval())
+            with layers.watching():
+                model(*batch.inputs)
+                outputs.append(layers.taken())
+    return float(hidden_loss(outputs[0], outputs[1], batch.inputs[1]))
+
+
+def test_hidden_states_transfer_pulls_the_students_layers_towards_the_teachers(tiny_bert):
+    data = _texts()
+    cfg = train_cfg(epochs=4, lr=3e-3)
+    teacher = copy.deepcopy(tiny_bert)
+    torch.manual_seed(0)
+    train(teacher, data, data, cfg, batch_loss("text", cfg, 2))
+    distances = {}
+    for weight in (0.0, 1.0):
+        torch.manual_seed(11)
+        student = TINY_BERT.build()
+        distillation = Distillation.of(teacher, 0.5, 2.0, data)
+        distillation.hidden_weight = weight
+        torch.manual_seed(0)
+        train(student, data, data, cfg, batch_loss("text", cfg, 2), distillation=distillation)
+        # The hooks are gone once training ends: deployment sees the plain model.
+        assert all(not layer._forward_hooks for layer in student.encoder.encoder.layer)
+        distances[weight] = _hidden_distance(student, teacher, data)
+    assert distances[1.0] < 0.5 * distances[0.0]

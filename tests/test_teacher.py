@@ -1,0 +1,180 @@
+"""The study's distillation teacher: trained once, stored with the study, reused by resumes and
+retraining commands, refused when it does not fit, and a failed one stops the study. Real
+`debug=smoke` studies of bert_ffn run in this process."""
+
+from __future__ import annotations
+
+import shlex
+import shutil
+from pathlib import Path
+
+import optuna
+import pytest
+import torch
+from conftest import TINY_BERT
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from mlflow.tracking import MlflowClient
+
+from tuner import budget
+from tuner.config import compose_config
+from tuner.errors import ConfigError, StudyStopped
+from tuner.front import TEACHER_OF_ATTR
+from tuner.recipe import ModelRecipe
+from tuner.study import run_study
+from tuner.teacher import STORED_ATTR, TRIAL_ATTR, save_teacher
+from tuner.trial import ARCHITECTURE_ATTR
+
+TrialState = optuna.trial.TrialState
+SMOKE = ("+experiment=bert_ffn", "debug=smoke", "deploy.backend=eager")
+STUDY = "bert_ffn-smoke"
+
+
+@pytest.fixture
+def study_dir(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # MLflow's artifacts go under the working directory
+    return tmp_path
+
+
+def _args(directory: Path, *overrides: str) -> list[str]:
+    return [
+        *SMOKE,
+        f"study.storage=sqlite:///{directory}/optuna.db",
+        f"tracking.uri=sqlite:///{directory}/mlflow.db",
+        *overrides,
+    ]
+
+
+def _run(directory: Path, *overrides: str):
+    args = _args(directory, *overrides)
+    return run_study(compose_config(args), overrides=args)
+
+
+def _study(directory: Path, name: str = STUDY) -> optuna.Study:
+    return optuna.load_study(study_name=name, storage=f"sqlite:///{directory}/optuna.db")
+
+
+def _teacher_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    return [t for t in study.trials if TRIAL_ATTR in t.system_attrs]
+
+
+def _configurations(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    return [t for t in study.trials if budget.is_configuration(t)]
+
+
+@pytest.mark.slow
+def test_the_teacher_is_trained_once_stored_and_reused_by_resumes(study_dir, capsys):
+    _run(study_dir, "train.distill.alpha=0.5")
+    study = _study(study_dir)
+    (teacher,) = _teacher_trials(study)
+    assert teacher.number == 0 and teacher.state == TrialState.COMPLETE
+    assert teacher.user_attrs[TEACHER_OF_ATTR] == "auto"
+    # The unedited model: the tiny encoder's 6 layers at the FFN width of its config.
+    assert teacher.user_attrs[ARCHITECTURE_ATTR] == {}
+    stored = study.user_attrs[STORED_ATTR]["auto"]
+    assert stored["trial"] == 0
+    location = Path(stored["uri"].removeprefix("file://"))
+    assert sorted(p.name for p in location.iterdir()) == ["labels.json", "teacher.safetensors"]
+    client = MlflowClient(f"sqlite:///{study_dir}/mlflow.db")
+    (student,) = [t for t in _configurations(study) if t.number != 0]
+    run = client.get_run(student.user_attrs["mlflow_run_id"])
+    assert run.data.params["train.distill.alpha"] == "0.5"
+    assert run.data.tags["tuner.teacher"] == stored["uri"]
+    overrides = OverridesParser.create().parse_overrides(
+        shlex.split(run.data.tags["tuner.retrain"])[3:]
+    )
+    pinned = {o.key_or_group: o.value() for o in overrides}
+    assert pinned["train.distill.teacher"] == stored["uri"]
+
+    # A resume reuses the stored teacher.
+    capsys.readouterr()
+    _run(study_dir, "train.distill.alpha=0.5", "debug.overrides.study.n_trials=3")
+    study = _study(study_dir)
+    assert len(_teacher_trials(study)) == 1
+    assert len(_configurations(study)) == 3
+    assert "Training the distillation teacher" not in capsys.readouterr().out
+
+    # A teacher whose files are gone is trained again, once, with a notice.
+    shutil.rmtree(location)
+    _run(study_dir, "train.distill.alpha=0.5", "debug.overrides.study.n_trials=4")
+    out = capsys.readouterr().out
+    assert "cannot be loaded" in out and "trained again, once" in out
+    study = _study(study_dir)
+    first, second = _teacher_trials(study)
+    assert second.state == TrialState.COMPLETE
+    assert study.user_attrs[STORED_ATTR]["auto"]["trial"] == second.number
+    assert len(_configurations(study)) == 4
+
+
+@pytest.mark.slow
+def test_a_distilled_point_retrains_to_the_same_accuracy(study_dir):
+    _run(study_dir, "train.distill.alpha=0.9")
+    study = _study(study_dir)
+    (student,) = [t for t in _configurations(study) if TRIAL_ATTR not in t.system_attrs]
+    client = MlflowClient(f"sqlite:///{study_dir}/mlflow.db")
+    command = shlex.split(
+        client.get_run(student.user_attrs["mlflow_run_id"]).data.tags["tuner.retrain"]
+    )
+    overrides = command[3:]
+    run_study(compose_config(overrides), overrides=overrides)
+    retrained_name = f"bert_ffn-retrain-{student.number}-eager-smoke"
+    (retrained,) = _study(study_dir, retrained_name).get_trials(states=(TrialState.COMPLETE,))
+    # Only the student trains there: the teacher comes from where the study stored it.
+    assert not _teacher_trials(_study(study_dir, retrained_name))
+    assert retrained.values[0] == pytest.approx(student.values[0], abs=1e-9)
+
+
+@pytest.mark.slow
+def test_a_teacher_that_fails_to_train_stops_the_study_before_any_student(study_dir):
+    # Momentum SGD at this rate diverges at once; the teacher trains with the typed value.
+    with pytest.raises(StudyStopped, match="did not train: TrialFailed: train_loss became"):
+        _run(study_dir, "train.distill.alpha=0.5", "train.optimizer=sgd", "train.lr=1e30")
+    study = _study(study_dir)
+    assert [(t.number, t.state) for t in study.trials] == [(0, TrialState.FAIL)]
+
+
+def _stored_teacher(directory: Path, labels: list[str], **recipe_changes) -> Path:
+    """A tiny BERT saved as a teacher, its recipe changed as given (what it says it reads)."""
+    torch.manual_seed(0)
+    model = ModelRecipe(TINY_BERT.model, len(labels)).build()
+    recipe = ModelRecipe({**TINY_BERT.model, **recipe_changes}, len(labels))
+    return save_teacher(model, recipe, labels, directory / "teacher")
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("train.distill.alpha=1.5", "key 'train.distill.alpha': 1.5 must be a weight in [0, 1]"),
+        ("train.distill.temperature=0", "key 'train.distill.temperature': 0 must be a number > 0"),
+        ("train.distill.teacher=7", "key 'train.distill.teacher': trial #7 does not exist"),
+        ("train.distill.teacher=./nowhere", "key 'train.distill.teacher': ./nowhere holds no"),
+    ],
+)
+def test_bad_distillation_settings_are_refused_before_training(study_dir, override, message):
+    with pytest.raises(ConfigError) as error:
+        _run(study_dir, "train.distill.alpha=0.5", override)
+    assert message in str(error.value)
+    assert (
+        not optuna.get_all_study_names(f"sqlite:///{study_dir}/optuna.db")
+        or not _study(study_dir).trials
+    )
+
+
+def test_hidden_state_transfer_is_refused_for_models_without_transformer_layers(study_dir):
+    args = [
+        "+experiment=resnet_mixup",
+        "debug=smoke",
+        f"study.storage=sqlite:///{study_dir}/optuna.db",
+        f"tracking.uri=sqlite:///{study_dir}/mlflow.db",
+        "train.distill.hidden_weight=1.0",
+    ]
+    with pytest.raises(ConfigError, match="key 'train.distill.hidden_weight': timm models have"):
+        run_study(compose_config(args), overrides=args)
+
+
+def test_a_stored_teacher_of_other_labels_or_inputs_is_refused(study_dir):
+    other_labels = _stored_teacher(study_dir / "a", ["bad", "good", "neutral"])
+    with pytest.raises(ConfigError, match="key 'train.distill.teacher'.*predicts labels"):
+        _run(study_dir, "train.distill.alpha=0.5", f"train.distill.teacher={other_labels}")
+    other_vocabulary = _stored_teacher(study_dir / "b", ["neg", "pos"], name_or_path="bert-base")
+    with pytest.raises(ConfigError, match="reads inputs of model.name_or_path=bert-base"):
+        _run(study_dir, "train.distill.alpha=0.5", f"train.distill.teacher={other_vocabulary}")

@@ -1,0 +1,356 @@
+"""The study's distillation teacher (`train.distill.teacher`): chosen, trained once, stored with
+the study, and handed to every student.
+
+`auto` is the unedited model trained with the experiment's own values of the searched keys; a
+trial number is that trial's configuration trained again. Either is trained in a trial of the
+study (so it is also a point of the front) before any student, and stored as an MLflow artifact
+of that trial's run (`teacher/`: safetensors weights with the model's recipe, and the label
+names) named by a study attribute; every worker and every resume loads it from there. A stored
+teacher (`runs:/<run id>/teacher`, or a directory holding those files) is used as it is.
+
+Two workers starting together agree on one teacher trial: it is created WAITING and the storage
+lets exactly one worker move it to RUNNING; the others wait for it. A worker that dies while
+training it stops beating, and the trial is queued again like any other.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import optuna
+import torch
+from omegaconf import DictConfig, OmegaConf
+from optuna.trial import FrozenTrial, TrialState
+from torch import nn
+
+from tuner import console
+from tuner.backends.torch_files import load_weights, read_recipe, save_weights
+from tuner.budget import BACKEND_KEY, RETRY_HISTORY
+from tuner.data.batches import Encoded
+from tuner.edits import EDITS
+from tuner.errors import ConfigError, StudyStopped
+from tuner.models import MODEL_FAMILIES
+from tuner.optuna_compat import trial_id_of
+from tuner.recipe import ModelRecipe
+from tuner.space import SearchSpace
+from tuner.training.distill import Distillation
+
+KEY = "train.distill.teacher"
+ALPHA_KEY = "train.distill.alpha"
+# Study user attribute: teacher reference (`auto`, a trial number) -> where it is stored.
+STORED_ATTR = "teachers"
+# System attribute of a teacher trial: the reference it trains and the params it trains with.
+TRIAL_ATTR = "tuner:teacher"
+ARTIFACT_DIR = "teacher"
+_WEIGHTS = "teacher.safetensors"
+_LABELS = "labels.json"
+_ARTIFACT_URI = re.compile(r"^(runs|models|mlflow-artifacts|file|s3|gs|wasbs|hdfs):/")
+
+
+def distilling(cfg: DictConfig, space: SearchSpace) -> bool:
+    """Whether any trial of the study can learn from a teacher."""
+    from tuner.checks import candidate_values
+
+    searched = space.distributions.get(ALPHA_KEY)
+    alphas = candidate_values(searched) if searched else [cfg.train.distill.alpha]
+    return any(float(alpha) > 0 for alpha in alphas)
+
+
+def is_trained_in_study(reference: Any) -> bool:
+    """`auto` or a trial number: a teacher the study trains itself."""
+    return reference == "auto" or _trial_number(reference) is not None
+
+
+def _trial_number(reference: Any) -> int | None:
+    if isinstance(reference, bool):
+        return None
+    if isinstance(reference, int):
+        return reference
+    return int(reference) if isinstance(reference, str) and reference.isdigit() else None
+
+
+def teacher_params(
+    cfg: DictConfig, space: SearchSpace, reference: Any, trials: Sequence[FrozenTrial]
+) -> dict[str, Any]:
+    """The values a teacher trial trains with: every searched key (the backend aside) at the
+    experiment's own value, structural edits off (`auto`), or a trial's configuration; never
+    distilled itself."""
+    number = _trial_number(reference)
+    if number is None:
+        edit_keys = {f"model.{EDITS.get(name).config_key}" for name in EDITS}
+        params = {
+            key: None if key in edit_keys else OmegaConf.select(cfg, key)
+            for key in space.distributions
+            if key != BACKEND_KEY
+        }
+        params.update({key: None for key in edit_keys if OmegaConf.select(cfg, key) is not None})
+    else:
+        chosen = next((t for t in trials if t.number == number), None)
+        if chosen is None or chosen.state != TrialState.COMPLETE:
+            state = "does not exist" if chosen is None else f"is {chosen.state.name}"
+            raise ConfigError(
+                f"Invalid config: key '{KEY}': trial #{number} {state}; name a complete trial "
+                "of this study, auto, or a stored teacher (runs:/<run id>/teacher or a directory)"
+            )
+        params = {k: v for k, v in chosen.params.items() if k != BACKEND_KEY}
+    return {**params, ALPHA_KEY: 0.0}
+
+
+@dataclass(frozen=True)
+class StoredTeacher:
+    """A teacher's files: its weights (with the recipe of its architecture in their metadata)
+    and label names."""
+
+    weights: Path
+    recipe: ModelRecipe
+    label_names: list[str]
+
+    @classmethod
+    def load(cls, location: str, tracking_uri: str) -> StoredTeacher:
+        """From a local directory, or an MLflow artifact URI; raises OSError when it is not
+        there or not a teacher. The weights are read by `model`."""
+        directory = Path(location)
+        if _ARTIFACT_URI.match(location):
+            import mlflow
+
+            try:
+                directory = Path(
+                    mlflow.artifacts.download_artifacts(
+                        artifact_uri=location, tracking_uri=tracking_uri
+                    )
+                )
+            except Exception as exc:
+                raise OSError(f"{location}: {type(exc).__name__}: {exc}") from None
+        weights, labels = directory / _WEIGHTS, directory / _LABELS
+        if not weights.is_file() or not labels.is_file():
+            raise OSError(f"{location} holds no teacher ({_WEIGHTS} and {_LABELS})")
+        return cls(weights, read_recipe(weights), list(json.loads(labels.read_text())))
+
+    def model(self) -> nn.Module:
+        return load_weights(self.weights)
+
+    def check_fits(self, model_cfg: DictConfig, label_names: Sequence[str], location: str) -> None:
+        """Refuse a teacher that reads other inputs or predicts other labels, naming the key."""
+        family = str(model_cfg.family)
+        if self.recipe.model.get("family") != family:
+            raise ConfigError(
+                f"Invalid config: key '{KEY}': the teacher at {location} is a "
+                f"{self.recipe.model.get('family')} model, the study's model.family is {family}"
+            )
+        for key in MODEL_FAMILIES.get(family).input_keys:
+            theirs, ours = self.recipe.model.get(key), model_cfg.get(key)
+            if theirs != ours:
+                raise ConfigError(
+                    f"Invalid config: key '{KEY}': the teacher at {location} reads inputs of "
+                    f"model.{key}={theirs}, the study's model has model.{key}={ours}"
+                )
+        if list(self.label_names) != list(label_names):
+            raise ConfigError(
+                f"Invalid config: key '{KEY}': the teacher at {location} predicts labels "
+                f"{self.label_names}, the study's data has {list(label_names)}"
+            )
+
+
+def save_teacher(
+    model: nn.Module, recipe: ModelRecipe, label_names: Sequence[str], directory: Path
+) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    save_weights(model.eval(), recipe, directory / _WEIGHTS)
+    (directory / _LABELS).write_text(json.dumps(list(label_names)))
+    return directory
+
+
+@dataclass
+class Teachers:
+    """The study's teacher for one invocation: where it is, and, once loaded, the model and its
+    logits of the training set (computed once, shared by every student)."""
+
+    reference: Any
+    tracking_uri: str
+    label_names: list[str]
+    # Set for a teacher the study trains itself: the params its trial trains with.
+    params: dict[str, Any] | None = None
+    _loaded: tuple[str, nn.Module, torch.Tensor] | None = field(default=None, repr=False)
+
+    def location(self, stored: Mapping[str, Any]) -> str | None:
+        """Where the teacher is: the study attribute's record for a trained one."""
+        if self.params is None:
+            return str(self.reference)
+        record = (stored.get(STORED_ATTR) or {}).get(str(self.reference))
+        return None if record is None else str(record["uri"])
+
+    def distillation(
+        self, train_cfg: DictConfig, train_data: Encoded, stored: Mapping[str, Any]
+    ) -> Distillation:
+        location = self.location(stored)
+        if location is None:
+            raise StudyStopped(f"no teacher is stored for {KEY}={self.reference}")
+        if self._loaded is None or self._loaded[0] != location:
+            model = StoredTeacher.load(location, self.tracking_uri).model()
+            logits = Distillation.of(model, 0.0, 1.0, train_data).train_logits
+            self._loaded = (location, model, logits)
+        _, model, logits = self._loaded
+        distill = train_cfg.distill
+        return Distillation(
+            model,
+            float(distill.alpha),
+            float(distill.temperature),
+            logits,
+            float(distill.hidden_weight),
+        )
+
+
+def teacher_of(trial: FrozenTrial, by_number: Mapping[int, FrozenTrial]) -> dict[str, Any] | None:
+    """A teacher trial's record (reference and params), also for its retries, which carry it
+    in the trial they retry."""
+    first = by_number.get(int(trial.system_attrs.get(RETRY_HISTORY, [trial.number])[0]), trial)
+    return first.system_attrs.get(TRIAL_ATTR)
+
+
+def record_stored(
+    storage: optuna.storages.BaseStorage, study_id: int, reference: Any, trial: int, uri: str
+) -> None:
+    stored = dict(storage.get_study_user_attrs(study_id).get(STORED_ATTR) or {})
+    stored[str(reference)] = {"trial": trial, "uri": uri}
+    storage.set_study_user_attr(study_id, STORED_ATTR, stored)
+
+
+# (the claimed teacher trial) -> None: runs the objective on it and tells the study.
+RunTrial = Callable[[FrozenTrial], None]
+
+
+def ensure_trained(
+    study: optuna.Study,
+    storage: optuna.storages.BaseStorage,
+    study_id: int,
+    teachers: Teachers | None,
+    run_trial: RunTrial,
+    poll_seconds: float,
+    fail_stale: Callable[[], None],
+) -> None:
+    """Return once the study's teacher is stored: train it in a trial this worker claims, or
+    wait while another worker trains it. A teacher trial that fails while this runs stops the
+    study with its reason; a stored teacher whose files are gone is trained again, once."""
+    if teachers is None or teachers.params is None:
+        return
+    started_with = len(storage.get_all_trials(study_id, deepcopy=False))
+    retrained = told_waiting = False
+    while True:
+        location = teachers.location(storage.get_study_user_attrs(study_id))
+        if location is not None:
+            try:
+                StoredTeacher.load(location, teachers.tracking_uri)
+                return
+            except OSError as exc:
+                if retrained:
+                    raise StudyStopped(
+                        f"the teacher trained again cannot be loaded: {exc}"
+                    ) from None
+                console.teacher_missing(location, str(exc))
+                _forget(storage, study_id, teachers.reference)
+                retrained = True
+                started_with = len(storage.get_all_trials(study_id, deepcopy=False))
+        trials = storage.get_all_trials(study_id, deepcopy=False)
+        by_number = {t.number: t for t in trials}
+        reference = str(teachers.reference)
+        mine = [
+            t
+            for t in trials
+            if (record := teacher_of(t, by_number)) and record["reference"] == reference
+        ]
+        waiting = [t for t in mine if t.state == TrialState.WAITING]
+        running = [t for t in mine if t.state == TrialState.RUNNING]
+        if not waiting and not running:
+            failed = [
+                t
+                for t in mine
+                if t.state in (TrialState.FAIL, TrialState.PRUNED) and t.number >= started_with
+            ]
+            if failed:
+                reason = failed[-1].user_attrs.get("fail_reason", failed[-1].state.name)
+                raise StudyStopped(
+                    f"the distillation teacher ({KEY}={teachers.reference}, trial "
+                    f"#{failed[-1].number}) did not train: {reason}. No student was trained; "
+                    "fix the cause and run the same command to resume"
+                )
+            template = optuna.trial.create_trial(
+                state=TrialState.WAITING,
+                system_attrs={
+                    TRIAL_ATTR: {"reference": str(teachers.reference), "params": teachers.params}
+                },
+            )
+            storage.create_new_trial(study_id, template_trial=template)
+            continue
+        if waiting:
+            claimed = waiting[0]
+            # The storage moves a trial out of WAITING for one caller only.
+            if storage.set_trial_state_values(trial_id_of(claimed), TrialState.RUNNING):
+                console.training_teacher(claimed.number, teachers.reference)
+                run_trial(storage.get_trial(trial_id_of(claimed)))
+            continue
+        if not told_waiting:
+            console.waiting_for_teacher(running[0].number)
+            told_waiting = True
+        fail_stale()
+        time.sleep(poll_seconds)
+
+
+def _forget(storage: optuna.storages.BaseStorage, study_id: int, reference: Any) -> None:
+    stored = dict(storage.get_study_user_attrs(study_id).get(STORED_ATTR) or {})
+    stored.pop(str(reference), None)
+    storage.set_study_user_attr(study_id, STORED_ATTR, stored)
+
+
+def teachers_for(
+    cfg: DictConfig,
+    space: SearchSpace,
+    label_names: Sequence[str],
+    trials: Sequence[FrozenTrial],
+) -> Teachers | None:
+    """The study's teacher, checked before anything trains; None when nothing distils."""
+    if not distilling(cfg, space):
+        return None
+    family = MODEL_FAMILIES.get(str(cfg.model.family))
+    if float(cfg.train.distill.hidden_weight) > 0 and not family.layer_stack:
+        raise ConfigError(
+            f"Invalid config: key 'train.distill.hidden_weight': {cfg.model.family} models have "
+            "no stack of transformer layers whose hidden states a student could learn; set it "
+            "to 0 (logits distillation works for every model)"
+        )
+    reference = cfg.train.distill.teacher
+    uri = str(cfg.tracking.uri)
+    if is_trained_in_study(reference):
+        params = teacher_params(cfg, space, reference, trials)
+        return Teachers(reference, uri, list(label_names), params)
+    location = str(reference)
+    try:
+        stored = StoredTeacher.load(location, uri)
+    except OSError as exc:
+        raise ConfigError(f"Invalid config: key '{KEY}': {exc}") from None
+    stored.check_fits(cfg.model, label_names, location)
+    try:
+        stored.model()
+    except Exception as exc:  # weights that do not fill the recipe's architecture
+        raise ConfigError(
+            f"Invalid config: key '{KEY}': the teacher at {location} cannot be loaded: "
+            f"{type(exc).__name__}: {exc}"
+        ) from None
+    return Teachers(location, uri, list(label_names))
+
+
+def store_after_training(
+    model: nn.Module,
+    recipe: ModelRecipe,
+    label_names: Sequence[str],
+    log_artifacts: Callable[[Path], str],
+) -> str:
+    """Save a trained teacher and log it; returns its artifact URI."""
+    with tempfile.TemporaryDirectory(prefix="tuner-teacher-") as workdir:
+        return log_artifacts(save_teacher(model, recipe, label_names, Path(workdir) / ARTIFACT_DIR))
