@@ -53,10 +53,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--alphas", type=float, nargs="+", default=[0.5, 0.9])
     parser.add_argument("--temperature", type=float, default=2.0)
     parser.add_argument(
-        "--hidden-weight",
+        "--hidden-weights",
         type=float,
-        default=0.0,
-        help="weight of the hidden-state term (train.distill.hidden_weight; transformers)",
+        nargs="+",
+        default=[0.0],
+        help="weights of the hidden-state term (train.distill.hidden_weight; transformers), "
+        "each tried with every alpha",
     )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json", help="also write every run's figures to this file")
@@ -103,21 +105,33 @@ def spread(values: list[float], digits: int) -> str:
     )
 
 
-def table(runs: list[dict], alphas: list[float]) -> str:
+def losses(alphas: list[float], hidden_weights: list[float]) -> list[tuple[float, float]]:
+    """(alpha, hidden-state weight) of every training compared, plain training first."""
+    return [(0.0, 0.0)] + [(a, h) for a in alphas for h in hidden_weights]
+
+
+def table(runs: list[dict], compared: list[tuple[float, float]]) -> str:
     lines = [
-        "| student | alpha | val accuracy (median [range]) | gain over alpha 0, per seed "
-        "(points) | median gain | train s |",
-        "|---|---:|---|---|---:|---:|",
+        "| student | alpha | hidden weight | val accuracy (median [range]) | gain over alpha 0, "
+        "per seed (points) | median gain | train s |",
+        "|---|---:|---:|---|---|---:|---:|",
     ]
     plain = {(r["student"], r["seed"]): r for r in runs if r["alpha"] == 0}
     for student in dict.fromkeys(r["student"] for r in runs):
-        for alpha in [0.0, *alphas]:
-            mine = [r for r in runs if r["student"] == student and r["alpha"] == alpha]
+        for alpha, hidden_weight in compared:
+            mine = [
+                r
+                for r in runs
+                if r["student"] == student
+                and r["alpha"] == alpha
+                and r["hidden_weight"] == hidden_weight
+            ]
             gains = [
                 100 * (r["val_accuracy"] - plain[student, r["seed"]]["val_accuracy"]) for r in mine
             ]
             lines.append(
-                f"| {student} | {alpha:g} | {spread([r['val_accuracy'] for r in mine], 4)} | "
+                f"| {student} | {alpha:g} | {hidden_weight:g} | "
+                f"{spread([r['val_accuracy'] for r in mine], 4)} | "
                 + ("-" if alpha == 0 else ", ".join(f"{g:+.2f}" for g in gains))
                 + f" | {'-' if alpha == 0 else f'{statistics.median(gains):+.2f}'} | "
                 f"{statistics.median(r['train_seconds'] for r in mine):.1f} |"
@@ -142,14 +156,13 @@ def main() -> int:
     teacher_logits = Distillation.of(teacher, 0.0, 1.0, train_data).train_logits
     logits_seconds = time.perf_counter() - started
     print(f"teacher logits of the {len(train_data)} training examples: {logits_seconds:.1f} s")
+    compared = losses(args.alphas, args.hidden_weights)
     runs = []
     for seed in args.seeds:
         for student in args.students:
-            for alpha in [0.0, *args.alphas]:
+            for alpha, hidden_weight in compared:
                 distillation = (
-                    Distillation(
-                        teacher, alpha, args.temperature, teacher_logits, args.hidden_weight
-                    )
+                    Distillation(teacher, alpha, args.temperature, teacher_logits, hidden_weight)
                     if alpha > 0
                     else None
                 )
@@ -167,22 +180,23 @@ def main() -> int:
                     {
                         "student": student,
                         "alpha": alpha,
+                        "hidden_weight": hidden_weight,
                         "seed": seed,
                         "val_accuracy": accuracy,
                         "train_seconds": seconds,
                     }
                 )
                 print(
-                    f"seed {seed} {student} alpha {alpha:g}: {accuracy:.4f} ({seconds:.1f} s)",
+                    f"seed {seed} {student} alpha {alpha:g} hidden {hidden_weight:g}: "
+                    f"{accuracy:.4f} ({seconds:.1f} s)",
                     flush=True,
                 )
     print()
     print(
         f"Teacher: val accuracy {teacher_accuracy:.4f}; temperature {args.temperature:g}; "
-        f"hidden-state weight {args.hidden_weight:g}; "
         f"{len(train_data)} training / {len(val_data)} validation examples"
     )
-    print(table(runs, args.alphas))
+    print(table(runs, compared))
     if args.json:
         with open(args.json, "w") as handle:
             json.dump(
@@ -193,7 +207,6 @@ def main() -> int:
                     "teacher_accuracy": teacher_accuracy,
                     "teacher_logits_seconds": logits_seconds,
                     "temperature": args.temperature,
-                    "hidden_weight": args.hidden_weight,
                     "runs": runs,
                 },
                 handle,

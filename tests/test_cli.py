@@ -12,6 +12,8 @@ import pytest
 from conftest import listed_backends, run_cli, runnable_backends
 from mlflow.tracking import MlflowClient
 
+from tuner.front import TEACHER_OF_ATTR
+
 TrialState = optuna.trial.TrialState
 SMOKE = ("+experiment=bert_ffn", "debug=smoke")
 TRAINING_PARAMS = {
@@ -20,8 +22,19 @@ TRAINING_PARAMS = {
     "train.grad_clip_norm",
     "train.init",
     "train.mixup_alpha",
+    "train.distill.alpha",
     "model.ffn_width_fraction",
     "model.num_layers_fraction",
+}
+# The study's distillation teacher trains first, with bert_ffn's own values of the searched keys
+# (conf/train/default.yaml) and no edits; its points carry those values as params.
+TEACHER_VALUES = {
+    "train.lr": 5e-05,
+    "train.weight_decay": 1e-05,
+    "train.grad_clip_norm": 0,
+    "train.init": "auto",
+    "train.mixup_alpha": 0,
+    "train.distill.alpha": 0,
 }
 # What this machine deploys every trained model on: bert_ffn's list less what it cannot run.
 BACKENDS = set(runnable_backends(*SMOKE))
@@ -60,11 +73,14 @@ def _assert_one_training_per_config(study: optuna.Study, trainings: int) -> None
     for trained_in, points in groups.items():
         assert {t.params["deploy.backend"] for t in points} == BACKENDS
         assert len(points) == len(BACKENDS)
-        training = {
-            k: v for k, v in study.trials[trained_in].params.items() if k in TRAINING_PARAMS
-        }
+        if TEACHER_OF_ATTR in study.trials[trained_in].user_attrs:
+            training = TEACHER_VALUES
+        else:
+            training = {
+                k: v for k, v in study.trials[trained_in].params.items() if k in TRAINING_PARAMS
+            }
         for point in points:
-            assert {k: point.params[k] for k in TRAINING_PARAMS} == training
+            assert {k: point.params[k] for k in TRAINING_PARAMS if k in point.params} == training
             assert (
                 point.user_attrs["reference_accuracy"] == points[0].user_attrs["reference_accuracy"]
             )
@@ -110,7 +126,11 @@ def test_smoke_study_end_to_end_and_resume(tmp_path):
     complete = study.get_trials(states=(TrialState.COMPLETE,))
     assert len(complete) == 2 * len(BACKENDS)
     assert all(len(t.values) == 2 for t in complete)
-    assert all(set(t.params) == TRAINING_PARAMS | {"deploy.backend"} for t in complete)
+    teacher = [t for t in complete if TEACHER_OF_ATTR in t.user_attrs]
+    assert len(teacher) == len(BACKENDS)
+    assert all(t.user_attrs["trained_in_trial"] == 0 for t in teacher)
+    students = [t for t in complete if t not in teacher]
+    assert all(set(t.params) == TRAINING_PARAMS | {"deploy.backend"} for t in students)
     assert study.metric_names == ["val_accuracy", "latency_ms_p50"]
     _assert_one_training_per_config(study, trainings=2)
     _assert_each_trial_carries_its_model_s_largest_area(study)
@@ -144,6 +164,10 @@ def test_smoke_study_end_to_end_and_resume(tmp_path):
             assert metric in run.data.metrics
         assert run.data.metrics["val_accuracy"] == pytest.approx(trial.values[0])
         assert run.data.metrics["latency_ms_p50"] == pytest.approx(trial.values[1])
+        if TEACHER_OF_ATTR in trial.user_attrs:
+            assert trial.user_attrs["architecture"] == {}  # the unedited model
+            assert run.data.params["model.ffn_width_fraction"] == "None"
+            continue
         # Relative edits are recorded with what they stand for on MiniLM (FFN 1536, 6 layers),
         # rounded to a multiple of 64 and half up.
         fraction = trial.params["model.ffn_width_fraction"]

@@ -188,6 +188,8 @@ def test_the_default_search_spaces_fit_a_users_own_encoder(two_layer_bert, tmp_p
         "deploy.latency.warmup=1",
         "deploy.latency.repeats=3",
         "search_space={deploy.backend:'choice(eager)'}",
+        # Both trials sample the relative edits (no unedited distillation teacher).
+        "train.distill.alpha=0",
     )
     assert result.returncode == 0, result.stderr
     from mlflow.tracking import MlflowClient
@@ -221,6 +223,8 @@ def test_an_absolute_edit_typed_on_the_command_line_fixes_it(tmp_path):
         "study.n_trials=1",
         "model.ffn_width=1024",
         "search_space={deploy.backend:'choice(eager)'}",
+        # The one trial samples the edits (no unedited distillation teacher takes it).
+        "train.distill.alpha=0",
     )
     assert result.returncode == 0, result.stderr
     assert "model.ffn_width is set on the command line, so model.ffn_width_fraction is not" in (

@@ -17,7 +17,7 @@ from mlflow.tracking import MlflowClient
 from tuner.backends import BACKENDS
 from tuner.config import apply_debug, compose_config, resolve
 from tuner.data import load_splits
-from tuner.front import study_points
+from tuner.front import TEACHER_OF_ATTR, study_points
 
 SMOKE = (
     "+experiment=resnet_mixup",
@@ -55,7 +55,13 @@ def test_image_study_trains_and_deploys_on_both_backends(image_study):
     # 2 trained configurations x 2 backends, each a complete point.
     assert len(points) == 4 and {p.backend for p in points} == {"eager", "int8_static"}
     assert all(0 < p.val_accuracy <= 1 and p.latency_ms_p50 > 0 for p in points)
+    # The first configuration is the distillation teacher: the full-width CNN, unsampled.
+    teacher = [t for t in study.get_trials() if TEACHER_OF_ATTR in t.user_attrs]
+    assert len(teacher) == 2 and {t.user_attrs["trained_in_trial"] for t in teacher} == {0}
+    assert all(t.user_attrs["architecture"] == {} for t in teacher)
     for trial in study.get_trials():
+        if trial in teacher:
+            continue
         # The shared training knobs and the CNN's own structure were searched together.
         assert {"train.mixup_alpha", "train.cutmix_alpha", "model.width_multiplier"} <= set(
             trial.params

@@ -24,7 +24,9 @@ from tuner.trial import CONFIGURATION_ATTR
 pytestmark = pytest.mark.slow
 
 TrialState = optuna.trial.TrialState
-SMOKE = ("+experiment=bert_ffn", "debug=smoke")
+# Trials are counted and numbered as the sampler makes them: no distillation teacher trains
+# first (tests/test_teacher.py covers it, tests/test_workers.py its interrupts).
+SMOKE = ("+experiment=bert_ffn", "debug=smoke", "train.distill.alpha=0")
 STUDY = "bert_ffn-smoke"
 BACKENDS = runnable_backends(*SMOKE)
 _interrupt_at: list[int] = []

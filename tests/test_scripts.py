@@ -15,6 +15,19 @@ pytestmark = pytest.mark.slow
 SMALL = ["--train-samples", "64", "--val-samples", "32", "--rounds", "1", "--repeats", "2"]
 
 
+def run_script(name: str, *args: str, cwd) -> subprocess.CompletedProcess:
+    """`scripts/NAME ARGS` run in CWD; it must succeed."""
+    result = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / name), *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=cwd,
+    )
+    assert result.returncode == 0, result.stderr
+    return result
+
+
 def bench_backends_rows(*args: str) -> list[list[str]]:
     """The cells of the table rows of `scripts/bench_backends.py ARGS`, header first."""
     result = subprocess.run(
@@ -53,32 +66,25 @@ def test_bench_backends_deploys_a_cnn_with_the_same_table():
 
 def test_bench_search_prints_a_row_per_configuration_and_plots(tmp_path):
     plot, curves = tmp_path / "search.png", tmp_path / "curves.json"
-    result = subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "scripts" / "bench_search.py"),
-            "--seeds",
-            "0",
-            "--samplers",
-            "random",
-            "--pruning",
-            "off",
-            "--plot",
-            str(plot),
-            "--json",
-            str(curves),
-            "--",
-            "+experiment=resnet_mixup",
-            "debug=smoke",
-            "data=digits",
-            "deploy.backend=eager",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
+    result = run_script(
+        "bench_search.py",
+        "--seeds",
+        "0",
+        "--samplers",
+        "random",
+        "--pruning",
+        "off",
+        "--plot",
+        str(plot),
+        "--json",
+        str(curves),
+        "--",
+        "+experiment=resnet_mixup",
+        "debug=smoke",
+        "data=digits",
+        "deploy.backend=eager",
         cwd=tmp_path,
     )
-    assert result.returncode == 0, result.stderr
     rows = [line for line in result.stdout.splitlines() if line.startswith("| random")]
     assert len(rows) == 1
     cells = [cell.strip() for cell in rows[0].split("|")[1:-1]]
@@ -98,27 +104,52 @@ def test_bench_search_prints_a_row_per_configuration_and_plots(tmp_path):
 
 def test_bench_batching_compares_random_and_grouped_batches(tmp_path):
     runs_file = tmp_path / "batching.json"
-    result = subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "scripts" / "bench_batching.py"),
-            "--seeds",
-            "0",
-            "--json",
-            str(runs_file),
-            "--",
-            "+experiment=bert_ffn",
-            "debug=smoke",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
+    result = run_script(
+        "bench_batching.py",
+        "--seeds",
+        "0",
+        "--json",
+        str(runs_file),
+        "--",
+        "+experiment=bert_ffn",
+        "debug=smoke",
         cwd=tmp_path,
     )
-    assert result.returncode == 0, result.stderr
     rows = [line for line in result.stdout.splitlines() if line.startswith("| ")]
     assert [row.split("|")[1].strip() for row in rows[1:]] == ["random", "grouped by length"]
     runs = {run["grouped"]: run for run in json.loads(runs_file.read_text())["runs"]}
     # Grouping by length trims padding: fewer tokens for the same examples and epochs.
     assert 0 < runs[True]["tokens"] < runs[False]["tokens"]
     assert all(0 <= run["val_accuracy"] <= 1 for run in runs.values())
+
+
+def test_bench_distill_compares_each_loss_with_plain_training(tmp_path):
+    runs_file = tmp_path / "distill.json"
+    result = run_script(
+        "bench_distill.py",
+        "--students",
+        "model.num_layers=2",
+        "--seeds",
+        "0",
+        "--alphas",
+        "0.5",
+        "--hidden-weights",
+        "0",
+        "1",
+        "--json",
+        str(runs_file),
+        "--",
+        "+experiment=bert_ffn",
+        "debug=smoke",
+        cwd=tmp_path,
+    )
+    rows = [line for line in result.stdout.splitlines() if line.startswith("| model.")]
+    cells = [[cell.strip() for cell in row.split("|")[1:-1]] for row in rows]
+    # Plain training, then alpha 0.5 without and with the hidden-state term.
+    assert [(row[1], row[2]) for row in cells] == [("0", "0"), ("0.5", "0"), ("0.5", "1")]
+    runs = json.loads(runs_file.read_text())["runs"]
+    accuracy = {(run["alpha"], run["hidden_weight"]): run["val_accuracy"] for run in runs}
+    assert len(runs) == 3 and all(0 <= a <= 1 for a in accuracy.values())
+    # Each distilled row's gain is its accuracy minus plain training's, in points.
+    for row, loss in zip(cells[1:], [(0.5, 0.0), (0.5, 1.0)], strict=True):
+        assert row[4] == f"{100 * (accuracy[loss] - accuracy[0.0, 0.0]):+.2f}"

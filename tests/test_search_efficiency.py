@@ -37,6 +37,8 @@ FIXED = (
     "train.weight_decay=0",
     "train.grad_clip_norm=0",
     "train.init=auto",
+    # Every configuration comes from the scripted sampler: no distillation teacher trains first.
+    "train.distill.alpha=0",
     "train.mixup_alpha=0",
     "train.cutmix_alpha=0",
     "model.width_multiplier=0.25",

@@ -17,11 +17,12 @@ from mlflow.tracking import MlflowClient
 
 from tuner import budget
 from tuner.config import compose_config
+from tuner.constraints import EAGER_ACCURACY_ATTR
 from tuner.errors import ConfigError, StudyStopped
 from tuner.front import TEACHER_OF_ATTR
 from tuner.recipe import ModelRecipe
 from tuner.study import run_study
-from tuner.teacher import STORED_ATTR, TRIAL_ATTR, save_teacher
+from tuner.teacher import STORED_ATTR, TRIAL_ATTR, StoredTeacher, save_teacher
 from tuner.trial import ARCHITECTURE_ATTR
 
 TrialState = optuna.trial.TrialState
@@ -85,11 +86,19 @@ def test_the_teacher_is_trained_once_stored_and_reused_by_resumes(study_dir, cap
     pinned = {o.key_or_group: o.value() for o in overrides}
     assert pinned["train.distill.teacher"] == stored["uri"]
 
+    # The teacher trial's run holds it as an artifact, also readable by its runs:/ URI.
+    teacher_run = teacher.user_attrs["mlflow_run_id"]
+    by_run = StoredTeacher.load(f"runs:/{teacher_run}/teacher", f"sqlite:///{study_dir}/mlflow.db")
+    assert by_run.weights.read_bytes() == (location / "teacher.safetensors").read_bytes()
+    assert len(by_run.label_names) == 2
+    assert by_run.recipe.model["num_layers_fraction"] is None
+
     # A resume reuses the stored teacher.
     capsys.readouterr()
     _run(study_dir, "train.distill.alpha=0.5", "debug.overrides.study.n_trials=3")
     study = _study(study_dir)
     assert len(_teacher_trials(study)) == 1
+    # The teacher counts as one of study.n_trials: trial 0, the teacher, one student.
     assert len(_configurations(study)) == 3
     assert "Training the distillation teacher" not in capsys.readouterr().out
 
@@ -103,6 +112,29 @@ def test_the_teacher_is_trained_once_stored_and_reused_by_resumes(study_dir, cap
     assert second.state == TrialState.COMPLETE
     assert study.user_attrs[STORED_ATTR]["auto"]["trial"] == second.number
     assert len(_configurations(study)) == 4
+
+
+@pytest.mark.slow
+def test_a_trial_named_as_teacher_is_its_configuration_trained_again(study_dir):
+    _run(study_dir, "train.distill.alpha=0", "debug.overrides.study.n_trials=1")
+    (first,) = _configurations(_study(study_dir))
+    _run(
+        study_dir,
+        "train.distill.alpha=0.5",
+        "train.distill.teacher=0",
+        "debug.overrides.study.n_trials=3",
+    )
+    study = _study(study_dir)
+    (teacher,) = _teacher_trials(study)
+    assert teacher.system_attrs[TRIAL_ATTR]["params"] == {
+        **first.params,
+        "train.distill.alpha": 0.0,
+    }
+    assert study.user_attrs[STORED_ATTR]["0"]["trial"] == teacher.number
+    # Training is seeded: the configuration trained again is the same model.
+    assert teacher.user_attrs[EAGER_ACCURACY_ATTR] == first.user_attrs[EAGER_ACCURACY_ATTR]
+    # The teacher counts as one of study.n_trials: trial 0, the teacher, one student.
+    assert len(_configurations(study)) == 3
 
 
 @pytest.mark.slow

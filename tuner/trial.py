@@ -270,9 +270,15 @@ class Objective:
             sampled = {k: d for k, d in ctx.space.distributions.items() if k != BACKEND_KEY}
             params = suggest(trial, sampled)
         else:
-            # The study's teacher trains with fixed values, which no sampler draws.
+            # The study's teacher trains with fixed values, which no sampler draws; those that
+            # lie in the searched ranges are its params, as for each of its points.
             params = dict(teacher["params"])
             trial.set_user_attr(TEACHER_OF_ATTR, teacher["reference"])
+            for name, value in params.items():
+                distribution = ctx.space.distributions.get(name)
+                if distribution is not None and fits(distribution, value):
+                    internal = distribution.to_internal_repr(value)
+                    ctx.storage.set_trial_param(trial_id_of(trial), name, internal, distribution)
         cfg = with_params(ctx.cfg, params)
         console.trial_header(index, ctx.n_trials, trial.number, params)
         # What relative edits (fractions of the loaded model) stand for, recorded beside them.
