@@ -34,6 +34,7 @@ import math
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import optuna
@@ -46,10 +47,11 @@ from tuner.config import compose_config
 from tuner.console import quiet_libraries
 from tuner.constraints import baseline_of
 from tuner.data import load_splits
-from tuner.deploy import check_outputs, convert, reference_of
+from tuner.deploy import check_outputs, convert, graph_of, reference_of
 from tuner.edits import apply_edits
 from tuner.errors import ConfigError
 from tuner.front import study_points
+from tuner.insight.op_classes import OP_CLASSES
 from tuner.latency import LatencyProtocol, LatencyResult, cpu_model, time_rounds
 from tuner.models import build_model
 from tuner.recipe import ModelRecipe
@@ -244,6 +246,7 @@ def bench(args: argparse.Namespace) -> int:
                 "size_mb": converted.size_mb,
                 "convert_s": converted.seconds,
                 "notes": converted.notes,
+                "artifact": converted.artifact,
                 **checks,
             }
             print(f"converted {row} in {converted.seconds:.1f} s", file=sys.stderr)
@@ -251,6 +254,12 @@ def bench(args: argparse.Namespace) -> int:
         timings = time_rounds(
             {name: row["logits_of"] for name, row in rows.items()}, example, protocol
         )
+        # What a study adds to every point after its timed calls, and what it finds.
+        insight = {
+            name: inspect(name.split()[0], row, example, cfg.deploy)
+            for name, row in rows.items()
+            if "artifact" in row
+        }
     latencies = {name: LatencyResult.of_rounds(rounds) for name, rounds in timings.items()}
     baseline_p50 = latencies[baseline_name].p50_ms
     print(f"\n{title(args, cfg, len(train_data), example)}")
@@ -280,9 +289,43 @@ def bench(args: argparse.Namespace) -> int:
         print("\nWhat the artifacts hold:\n")
         for name, notes in described.items():
             print(f"- {name}: {describe(notes)}")
+    print_insight(insight, latencies)
     if args.study:
         compare_front(args, baseline_name, baseline_p50)
     return 0
+
+
+def inspect(backend_name: str, row: dict, example, deploy: DictConfig) -> dict:
+    """The point's graph dump and one profiled call, as a study records them, and the seconds
+    they took."""
+    backend = BACKENDS.get(backend_name)
+    started = time.perf_counter()
+    graph, _ = graph_of(backend, row["artifact"])
+    profile = backend.profile(row["artifact"], row["logits_of"], example, deploy)
+    return {"seconds": time.perf_counter() - started, "graph": graph, "profile": profile}
+
+
+def print_insight(insight: dict[str, dict], latencies: dict[str, LatencyResult]) -> None:
+    """Where one call's time goes per backend (ms by op class, share), its layout ops, and
+    what reading the graph and profiling cost."""
+    print("\nOne profiled call per backend, after the timed rounds (ms by op class, share):\n")
+    print(
+        "| backend | p50 ms | profiled ms | "
+        + " | ".join(OP_CLASSES)
+        + " | layout ops | graph + profile s |"
+    )
+    print("| --- |" + " ---: |" * (len(OP_CLASSES) + 4))
+    for name, found in insight.items():
+        profile = found["profile"]
+        total = profile.total_ms or 1.0
+        classes = " | ".join(
+            f"{ms:.2f} ({ms / total:.0%})" if ms else "-" for ms in profile.by_class_ms().values()
+        )
+        layout = "-" if found["graph"] is None else str(found["graph"].layout_ops)
+        print(
+            f"| {name} | {latencies[name].p50_ms:.2f} | {profile.total_ms:.2f} | {classes} | "
+            f"{layout} | {found['seconds']:.2f} |"
+        )
 
 
 def describe(notes: dict) -> str:

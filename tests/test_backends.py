@@ -161,9 +161,46 @@ def test_backend_contract(modality, name, deploy, request, tmp_path):
     expected = reference.logits[:8]
     assert (again - expected).abs().max() <= tolerance + 1e-6
     assert math.isfinite(result.peak_memory_mb)
+    # The shipped graph is dumped where the artifact is one; elsewhere its absence says why.
+    if backend.graph is not None:
+        assert result.graph is not None and result.graph_absent is None
+        assert sum(result.graph.ops.values()) == len(result.graph.text.splitlines()) > 0
+        assert result.metrics()["layout_ops"] == result.graph.layout_ops
+    else:
+        assert result.graph is None and "PyTorch artifact" in result.graph_absent
+        assert "layout_ops" not in result.metrics()
+    # One call profiled apart from the timed ones: its operators' times add up by class, and
+    # to the order of what a timed call takes. On these tiny models, whose calls take 0.2-2 ms,
+    # the profiler's own cost per operator (some microseconds, over 100-300 operators) can
+    # outweigh the call; a wrong unit (microseconds as milliseconds) would be 1000x off.
+    profile = result.profile
+    assert profile is not None, result.profile_absent
+    assert sum(profile.by_class_ms().values()) == pytest.approx(profile.total_ms)
+    assert result.latency.p50_ms / 20 <= profile.total_ms <= result.latency.p50_ms * 50
+    assert result.metrics()["profile.total_ms"] == profile.total_ms
+    assert profile.csv().count("\n") == len(profile.rows) + 1
     # Converting never changes the trained model.
     for key, value in model.state_dict().items():
         assert torch.equal(value, before[key]), key
+
+
+def test_a_failing_profiler_or_graph_dump_leaves_the_point_with_the_reason(
+    tiny_bert, val_data, tmp_path, monkeypatch
+):
+    from dataclasses import replace
+
+    def broken(*args):
+        raise RuntimeError("profiler unavailable")
+
+    backend = BACKENDS.get("onnxruntime")
+    monkeypatch.setitem(
+        BACKENDS._entries, "onnxruntime", replace(backend, profile=broken, graph=broken)
+    )
+    result = _deploy("onnxruntime", tiny_bert, val_data, tmp_path)
+    assert result.error is None and result.latency is not None
+    assert result.profile is None and result.graph is None
+    assert result.profile_absent == result.graph_absent == "RuntimeError: profiler unavailable"
+    assert "profile.total_ms" not in result.metrics() and "layout_ops" not in result.metrics()
 
 
 def test_static_int8_is_calibrated_on_training_batches(image_subject, tmp_path):
@@ -195,7 +232,7 @@ def test_static_int8_is_calibrated_on_training_batches(image_subject, tmp_path):
 def test_fused_text_backends_fuse_each_layer_and_say_so(text_subject, tmp_path):
     """The tiny BERT has 2 layers: one attention, two residual LayerNorms and one FFN GELU
     each, one embedding LayerNorm, and a GELU in the classification head."""
-    from tuner.backends.fusion import graph_ops
+    from tuner.insight.graph import graph_ops
 
     expected = {
         "onnxruntime_fused": {
@@ -221,6 +258,8 @@ def test_fused_text_backends_fuse_each_layer_and_say_so(text_subject, tmp_path):
         assert result.notes == {"fused_ops": fused, "attention_fused": True}
         ops = graph_ops(result.artifact)
         assert not any(op in ("Softmax", "LayerNormalization") for _, op in ops)
+        # The point's graph dump counts one fused attention per layer.
+        assert result.graph.summary()["by_class"]["attention"] == 2
     # The trained model keeps its own attention for the other backends.
     assert text_subject.model.encoder.config._attn_implementation == own_attention != "eager"
     # A graph exported as it is for plain ONNX Runtime fuses nothing, and a report on it says
@@ -229,10 +268,12 @@ def test_fused_text_backends_fuse_each_layer_and_say_so(text_subject, tmp_path):
 
     plain = _deploy_subject("onnxruntime", text_subject, tmp_path / "plain")
     assert fusion_report(plain.artifact, "text") == {"fused_ops": {}, "attention_fused": False}
+    # Unfused, each layer's attention is one softmax among matmuls.
+    assert plain.graph.ops["Softmax"] == 2
 
 
 def test_fused_image_graph_folds_batch_norms_into_its_convolutions(image_subject, tmp_path):
-    from tuner.backends.fusion import graph_ops
+    from tuner.insight.graph import graph_ops
 
     result = _deploy_subject("onnxruntime_fused", image_subject, tmp_path)
     assert result.error is None, result.error

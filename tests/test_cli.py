@@ -12,6 +12,7 @@ import pytest
 from conftest import listed_backends, run_cli, runnable_backends
 from mlflow.tracking import MlflowClient
 
+from tuner.backends import BACKENDS as REGISTERED
 from tuner.front import TEACHER_OF_ATTR
 
 TrialState = optuna.trial.TrialState
@@ -164,6 +165,17 @@ def test_smoke_study_end_to_end_and_resume(tmp_path):
             assert metric in run.data.metrics
         assert run.data.metrics["val_accuracy"] == pytest.approx(trial.values[0])
         assert run.data.metrics["latency_ms_p50"] == pytest.approx(trial.values[1])
+        # What ships, as a graph, where the artifact is one; elsewhere why there is none.
+        if REGISTERED.get(tags["deploy.backend"]).graph is not None:
+            assert run.data.metrics["layout_ops"] > 0
+            graph = {a.path for a in client.list_artifacts(run.info.run_id, "graph")}
+            assert graph == {"graph/ops.json", "graph/graph.txt"}
+        else:
+            assert "PyTorch artifact" in tags["graph.absent"]
+        # Every point: one call's time by operator, from its backend's own profiler.
+        assert run.data.metrics["profile.total_ms"] > 0
+        profiled = {a.path for a in client.list_artifacts(run.info.run_id, "profile")}
+        assert profiled == {"profile/ops.csv"}
         if TEACHER_OF_ATTR in trial.user_attrs:
             assert trial.user_attrs["architecture"] == {}  # the unedited model
             assert run.data.params["model.ffn_width_fraction"] == "None"

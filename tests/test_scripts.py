@@ -28,8 +28,15 @@ def run_script(name: str, *args: str, cwd) -> subprocess.CompletedProcess:
     return result
 
 
-def bench_backends_rows(*args: str) -> list[list[str]]:
-    """The cells of the table rows of `scripts/bench_backends.py ARGS`, header first."""
+def table_cells(text: str) -> list[list[str]]:
+    """The cells of the rows of the markdown tables in `text`, headers included."""
+    rows = [line for line in text.splitlines() if line.startswith("| ")]
+    return [[cell.strip() for cell in row.split("|")[1:-1]] for row in rows]
+
+
+def bench_backends_tables(*args: str) -> tuple[list[list[str]], list[list[str]]]:
+    """The cells of the two tables of `scripts/bench_backends.py ARGS`, headers first: the
+    timed backends, and one profiled call of each."""
     result = subprocess.run(
         [sys.executable, str(REPO / "scripts" / "bench_backends.py"), *args, *SMALL],
         capture_output=True,
@@ -37,12 +44,12 @@ def bench_backends_rows(*args: str) -> list[list[str]]:
         timeout=600,
     )
     assert result.returncode == 0, result.stderr
-    rows = [line for line in result.stdout.splitlines() if line.startswith("| ")]
-    return [[cell.strip() for cell in row.split("|")[1:-1]] for row in rows]
+    timed, profiled = result.stdout.split("One profiled call per backend")
+    return table_cells(timed), table_cells(profiled)
 
 
 def test_bench_backends_prints_a_row_per_backend():
-    rows = bench_backends_rows(
+    rows, profiled = bench_backends_tables(
         "--ffn-width", "512", "--backends", "eager", "int8_dynamic", "--seq-len", "32"
     )
     names = [row[0] for row in rows[1:]]
@@ -50,10 +57,14 @@ def test_bench_backends_prints_a_row_per_backend():
     eager = rows[3]
     assert float(eager[5]) > 0  # artifact size in MB
     assert eager[6] == "100.0%"  # eager agrees with itself
+    # Every converted backend profiled once; the timed baseline is not a point.
+    assert [row[0] for row in profiled[2:]] == ["eager", "int8_dynamic"]
+    assert profiled[0][3] == "matmul/conv" and float(profiled[2][2]) > 0
+    assert profiled[3][3] != "-"  # int8_dynamic's time is in its quantized linear layers
 
 
 def test_bench_backends_deploys_a_cnn_with_the_same_table():
-    rows = bench_backends_rows(
+    rows, _ = bench_backends_tables(
         "--model", "resnet", "--data", "digits", "--backends", "eager", "int8_dynamic"
     )
     names = [row[0] for row in rows[1:]]
@@ -143,8 +154,7 @@ def test_bench_distill_compares_each_loss_with_plain_training(tmp_path):
         "debug=smoke",
         cwd=tmp_path,
     )
-    rows = [line for line in result.stdout.splitlines() if line.startswith("| model.")]
-    cells = [[cell.strip() for cell in row.split("|")[1:-1]] for row in rows]
+    cells = [row for row in table_cells(result.stdout) if row[0].startswith("model.")]
     # Plain training, then alpha 0.5 without and with the hidden-state term.
     assert [(row[1], row[2]) for row in cells] == [("0", "0"), ("0.5", "0"), ("0.5", "1")]
     runs = json.loads(runs_file.read_text())["runs"]

@@ -11,14 +11,16 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from omegaconf import DictConfig
 from torch import nn
 
-from tuner.backends import BACKENDS, ConversionContext, ExampleInputs, Logits
+from tuner.backends import BACKENDS, Backend, ConversionContext, ExampleInputs, Logits
 from tuner.data.batches import Encoded
+from tuner.insight.graph import GraphDump
+from tuner.insight.profile import OpProfile
 from tuner.latency import LatencyProtocol, LatencyResult, measure_latency
 from tuner.memory import track_peak_memory
 from tuner.recipe import ModelRecipe
@@ -31,6 +33,9 @@ Timer = Callable[[Logits], LatencyResult | None]
 
 class BackendFailed(RuntimeError):
     """A backend is unavailable, or its conversion or outputs cannot be used."""
+
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -64,6 +69,12 @@ class BackendResult:
     logits_of: Logits | None = None
     # What the backend says its artifact holds (`Backend.describe`), e.g. its fused operators.
     notes: dict[str, Any] = field(default_factory=dict)
+    # The artifact's operator graph, or why there is none (`tuner.insight.graph`).
+    graph: GraphDump | None = None
+    graph_absent: str | None = None
+    # One call's time by operator, or why there is none (`tuner.insight.profile`).
+    profile: OpProfile | None = None
+    profile_absent: str | None = None
     error: str | None = None
 
     def metrics(self) -> dict[str, float]:
@@ -81,6 +92,8 @@ class BackendResult:
             "convert_seconds": self.convert_seconds,
             "deploy_seconds": self.deploy_seconds,
             "peak_memory_mb": self.peak_memory_mb,
+            **({} if self.graph is None else {"layout_ops": float(self.graph.layout_ops)}),
+            **({} if self.profile is None else self.profile.metrics()),
         }
 
 
@@ -178,6 +191,12 @@ def deploy_on(
                 latency = timer(converted.logits_of)
     except Exception as exc:  # any backend failure stays on this point
         return BackendResult(backend_name, error=f"{type(exc).__name__}: {exc}".strip())
+    # Read and profiled after the timed calls, so that neither ever touches them.
+    backend = BACKENDS.get(backend_name)
+    graph, graph_absent = graph_of(backend, converted.artifact)
+    profile, profile_absent = _or_reason(
+        lambda: backend.profile(converted.artifact, converted.logits_of, example, deploy_cfg)
+    )
     return BackendResult(
         backend=backend_name,
         latency=latency,
@@ -188,5 +207,25 @@ def deploy_on(
         artifact=converted.artifact,
         logits_of=converted.logits_of if latency is None else None,
         notes=converted.notes,
+        graph=graph,
+        graph_absent=graph_absent,
+        profile=profile,
+        profile_absent=profile_absent,
         **checks,
     )
+
+
+def graph_of(backend: Backend, artifact: Path) -> tuple[GraphDump | None, str | None]:
+    """The artifact's operator graph, or None and the reason there is none."""
+    if backend.graph is None:
+        return None, f"{backend.name} ships a PyTorch artifact; graph dumps read ONNX graphs"
+    return _or_reason(lambda: backend.graph(artifact))
+
+
+def _or_reason(read: Callable[[], T]) -> tuple[T | None, str | None]:
+    """What `read` gives, or None and why it failed: a graph dump or a profile that fails
+    leaves the point as it is."""
+    try:
+        return read(), None
+    except Exception as exc:
+        return None, f"{type(exc).__name__}: {exc}".strip()

@@ -21,6 +21,8 @@ from mlflow.tracking import MlflowClient
 
 from tuner.front import Point, front_table
 from tuner.front_plots import plot_front_html, plot_front_png
+from tuner.insight.graph import GraphDump
+from tuner.insight.profile import OpProfile
 from tuner.retries import RetryingProxy
 from tuner.training import EpochResult
 
@@ -155,6 +157,17 @@ class Tracker:
         }
         self.set_tags(run_id, tags)
         self.client.log_dict(run_id, dict(notes), "deploy/notes.json")
+
+    def log_graph(self, run_id: str, graph: GraphDump) -> None:
+        """The artifact's operator graph: counts by op type and class as `graph/ops.json`,
+        the node listing as `graph/graph.txt`."""
+        self.client.log_dict(run_id, graph.summary(), "graph/ops.json")
+        self.client.log_text(run_id, graph.text, "graph/graph.txt")
+
+    def log_profile(self, run_id: str, profile: OpProfile) -> None:
+        """One call's time by operator as `profile/ops.csv` (op type, class, calls, total ms,
+        share); its per-class metrics are logged with the point's."""
+        self.client.log_text(run_id, profile.csv(), "profile/ops.csv")
 
     def log_directory(self, run_id: str, directory: Path) -> str:
         """Log a directory's files under its own name; returns where they are stored (the

@@ -714,6 +714,14 @@ class Objective:
             return {}
         if result.notes:
             ctx.tracker.log_notes(run_id, result.notes)
+        if result.graph is not None:
+            ctx.tracker.log_graph(run_id, result.graph)
+        else:
+            ctx.tracker.set_tags(run_id, {"graph.absent": result.graph_absent or ""})
+        if result.profile is not None:
+            ctx.tracker.log_profile(run_id, result.profile)
+        else:
+            ctx.tracker.set_tags(run_id, {"profile.absent": result.profile_absent or ""})
         metrics = result.metrics()
         for name in (
             "latency_ms_p95",

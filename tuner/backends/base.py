@@ -16,6 +16,8 @@ import torch
 from omegaconf import DictConfig
 from torch import nn
 
+from tuner.insight.graph import GraphDump
+from tuner.insight.profile import OpProfile, profile_torch
 from tuner.recipe import ModelRecipe
 from tuner.registry import Registry
 
@@ -70,6 +72,11 @@ class Backend:
         graph_from_weights: the artifact's graph depends on the trained weights (which nodes
             stay fp32, say), so its latency is not the architecture's: each artifact is timed
             on its own after training, and the study's latency table does not keep it.
+        graph: artifact -> its operator graph (`tuner.insight.graph`); None where the backend
+            ships no graph file to read.
+        profile: (artifact, its loaded callable, example inputs, `deploy` config) -> one
+            call's time by operator (`tuner.insight.profile`); PyTorch's profiler on the
+            loaded callable unless the backend has a profiler of its own.
     """
 
     name: str
@@ -79,6 +86,10 @@ class Backend:
     modalities: frozenset[str] = frozenset({"text", "image"})
     describe: Callable[[Path], dict[str, Any]] = lambda artifact: {}
     graph_from_weights: bool = False
+    graph: Callable[[Path], GraphDump] | None = None
+    profile: Callable[[Path, Logits, ExampleInputs, DictConfig], OpProfile] = (
+        lambda artifact, logits_of, example, deploy: profile_torch(logits_of, example.tensors)
+    )
 
 
 BACKENDS: Registry[Backend] = Registry("deploy.backend")

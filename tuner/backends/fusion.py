@@ -12,7 +12,6 @@ graph that ships is the one that was timed.
 from __future__ import annotations
 
 import json
-from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ from torch import nn
 
 from tuner.backends.base import ConversionContext
 from tuner.backends.onnx_export import quiet_root_logger
+from tuner.insight.graph import graph_ops
 
 # ONNX Runtime's own operators (its contrib domain): every one in a graph exported from PyTorch
 # was put there by a fusion.
@@ -77,14 +77,6 @@ def _fuse_by_runtime(exported: Path, path: Path) -> Path:
     options.log_severity_level = 3
     ort.InferenceSession(str(exported), options, providers=["CPUExecutionProvider"])
     return path
-
-
-def graph_ops(path: Path) -> Counter[tuple[str, str]]:
-    """(domain, op type) -> node count of the ONNX graph in `path`."""
-    import onnx
-
-    graph = onnx.load(str(path), load_external_data=False).graph
-    return Counter((node.domain or "ai.onnx", node.op_type) for node in graph.node)
 
 
 def fusion_report(path: Path, modality: str) -> dict[str, Any]:

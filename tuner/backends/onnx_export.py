@@ -17,6 +17,8 @@ from torch import nn
 
 from tuner.backends.base import BACKENDS, Backend, ConversionContext, Logits
 from tuner.backends.cpu import has_vnni
+from tuner.insight.graph import onnx_graph
+from tuner.insight.profile import profile_onnx
 
 _NUMPY_TYPES = {"tensor(int64)": np.int64, "tensor(float)": np.float32}
 
@@ -88,28 +90,48 @@ def quiet_root_logger() -> Iterator[None]:
         root.setLevel(level)
 
 
-def load_session(path: Path, deploy: DictConfig) -> Logits:
-    """A callable running the ONNX file in ONNX Runtime's CPU provider, with the latency
-    protocol's thread count."""
+def open_session(path: Path, deploy: DictConfig, profile_prefix: str | None = None):
+    """An ONNX Runtime CPU session on the ONNX file, with the latency protocol's thread count
+    (profiling into files named `profile_prefix*` when given), and a function turning the
+    model's input tensors into its feeds."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.intra_op_num_threads = int(deploy.latency.num_threads)
     options.inter_op_num_threads = 1
     options.log_severity_level = 3
+    if profile_prefix is not None:
+        options.enable_profiling = True
+        options.profile_file_prefix = profile_prefix
     session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
     # The graph's inputs in the order the model takes them, with the dtype each expects.
     inputs = [(i.name, _NUMPY_TYPES[i.type]) for i in session.get_inputs()]
 
-    def logits_of(*tensors: torch.Tensor) -> torch.Tensor:
-        feeds = {
+    def feeds_of(tensors: tuple[torch.Tensor, ...]) -> dict[str, np.ndarray]:
+        return {
             name: tensor.numpy().astype(dtype)
             for (name, dtype), tensor in zip(inputs, tensors, strict=True)
         }
-        return torch.from_numpy(session.run(None, feeds)[0])
+
+    return session, feeds_of
+
+
+def load_session(path: Path, deploy: DictConfig) -> Logits:
+    """A callable running the ONNX file in ONNX Runtime's CPU provider."""
+    session, feeds_of = open_session(path, deploy)
+
+    def logits_of(*tensors: torch.Tensor) -> torch.Tensor:
+        return torch.from_numpy(session.run(None, feeds_of(tensors))[0])
 
     return logits_of
+
+
+def profile_session(path: Path, deploy: DictConfig, tensors: tuple[torch.Tensor, ...]):
+    """One call of the ONNX file, profiled by ONNX Runtime in a session of its own."""
+    return profile_onnx(
+        lambda artifact, prefix: open_session(artifact, deploy, prefix), path, tensors
+    )
 
 
 def register_onnx_backend(
@@ -129,5 +151,9 @@ def register_onnx_backend(
             modalities=modalities,
             describe=describe,
             graph_from_weights=graph_from_weights,
+            graph=onnx_graph,
+            profile=lambda artifact, logits_of, example, deploy: profile_session(
+                artifact, deploy, example.tensors
+            ),
         )
     )

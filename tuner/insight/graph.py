@@ -1,0 +1,62 @@
+"""The operator graph of what ships: op counts by type and class, the count of layout and memory
+ops, and a readable listing, for the point's MLflow run (`graph/ops.json`, `graph/graph.txt`,
+metric `layout_ops`)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tuner.insight.op_classes import LAYOUT, by_class, op_class
+
+
+@dataclass(frozen=True)
+class GraphDump:
+    """An artifact's operators.
+
+    Attributes:
+        ops: op type -> node count.
+        text: one line per node, in graph order: op type, name, inputs -> outputs.
+    """
+
+    ops: dict[str, int]
+    text: str
+
+    @property
+    def layout_ops(self) -> int:
+        """Transposes, reshapes, copies, concatenations, slices, gathers, casts and layout
+        conversions: operators that move data rather than compute on it."""
+        return int(by_class(self.ops.items())[LAYOUT])
+
+    def summary(self) -> dict[str, Any]:
+        """What `graph/ops.json` holds."""
+        return {
+            "nodes": sum(self.ops.values()),
+            "layout_ops": self.layout_ops,
+            "by_class": {name: int(n) for name, n in by_class(self.ops.items()).items() if n},
+            "ops": {op: {"count": n, "class": op_class(op)} for op, n in sorted(self.ops.items())},
+        }
+
+
+def graph_ops(path: Path) -> Counter[tuple[str, str]]:
+    """(domain, op type) -> node count of the ONNX graph in `path`."""
+    import onnx
+
+    graph = onnx.load(str(path), load_external_data=False).graph
+    return Counter((node.domain or "ai.onnx", node.op_type) for node in graph.node)
+
+
+def onnx_graph(path: Path) -> GraphDump:
+    """The dump of the ONNX graph in `path` (the top-level graph, as ONNX Runtime runs it)."""
+    import onnx
+
+    graph = onnx.load(str(path), load_external_data=False).graph
+    lines = [
+        f"{i:4d} {node.op_type}{'' if not node.domain else f' ({node.domain})'} {node.name}: "
+        f"{', '.join(node.input)} -> {', '.join(node.output)}"
+        for i, node in enumerate(graph.node)
+    ]
+    ops = Counter(node.op_type for node in graph.node)
+    return GraphDump(dict(ops), "\n".join(lines) + "\n")
