@@ -104,8 +104,8 @@ def test_the_graph_is_logged_on_the_points_run(tmp_path, monkeypatch):
     assert Path(text).read_text() == dump.text
 
 
-def test_a_profile_sums_its_calls_per_op_and_class_slowest_first():
-    profile = OpProfile.of({"Transpose": [0.5, 0.5], "MatMul": [2.0, 1.0], "Relu": [0.25]})
+def test_a_profile_lists_ops_slowest_first_and_sums_them_per_class():
+    profile = OpProfile.of([("Transpose", 2, 1.0), ("Relu", 1, 0.25), ("MatMul", 2, 3.0)])
     assert profile.rows == (("MatMul", 2, 3.0), ("Transpose", 2, 1.0), ("Relu", 1, 0.25))
     assert profile.total_ms == 4.25
     assert profile.metrics() == {

@@ -191,7 +191,8 @@ def deploy_on(
                 latency = timer(converted.logits_of)
     except Exception as exc:  # any backend failure stays on this point
         return BackendResult(backend_name, error=f"{type(exc).__name__}: {exc}".strip())
-    # Read and profiled after the timed calls, so that neither ever touches them.
+    # Read and profiled apart from the timed calls (after them, or before the rounds a
+    # latency table times later), so that neither ever touches them.
     backend = BACKENDS.get(backend_name)
     graph, graph_absent = graph_of(backend, converted.artifact)
     profile, profile_absent = _or_reason(

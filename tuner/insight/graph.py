@@ -40,23 +40,24 @@ class GraphDump:
         }
 
 
-def graph_ops(path: Path) -> Counter[tuple[str, str]]:
-    """(domain, op type) -> node count of the ONNX graph in `path`."""
+def _nodes(path: Path):
+    """The nodes of the top-level ONNX graph in `path`, as ONNX Runtime runs them."""
     import onnx
 
-    graph = onnx.load(str(path), load_external_data=False).graph
-    return Counter((node.domain or "ai.onnx", node.op_type) for node in graph.node)
+    return onnx.load(str(path), load_external_data=False).graph.node
+
+
+def graph_ops(path: Path) -> Counter[tuple[str, str]]:
+    """(domain, op type) -> node count of the ONNX graph in `path`."""
+    return Counter((node.domain or "ai.onnx", node.op_type) for node in _nodes(path))
 
 
 def onnx_graph(path: Path) -> GraphDump:
-    """The dump of the ONNX graph in `path` (the top-level graph, as ONNX Runtime runs it)."""
-    import onnx
-
-    graph = onnx.load(str(path), load_external_data=False).graph
+    """The dump of the ONNX graph in `path`."""
+    nodes = _nodes(path)
     lines = [
         f"{i:4d} {node.op_type}{'' if not node.domain else f' ({node.domain})'} {node.name}: "
         f"{', '.join(node.input)} -> {', '.join(node.output)}"
-        for i, node in enumerate(graph.node)
+        for i, node in enumerate(nodes)
     ]
-    ops = Counter(node.op_type for node in graph.node)
-    return GraphDump(dict(ops), "\n".join(lines) + "\n")
+    return GraphDump(dict(Counter(node.op_type for node in nodes)), "\n".join(lines) + "\n")

@@ -9,6 +9,7 @@ import json
 import re
 import tempfile
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,9 +33,8 @@ class OpProfile:
     rows: tuple[Row, ...]
 
     @classmethod
-    def of(cls, times: dict[str, list[float]]) -> OpProfile:
-        """From op type -> the milliseconds of each of its calls."""
-        rows = ((op, len(ms), sum(ms)) for op, ms in times.items())
+    def of(cls, rows: Iterable[Row]) -> OpProfile:
+        """From (op type, calls, total ms) rows in any order."""
         return cls(tuple(sorted(rows, key=lambda row: -row[2])))
 
     @property
@@ -68,13 +68,11 @@ def profile_torch(logits_of, tensors: tuple[torch.Tensor, ...]) -> OpProfile:
 
     with torch.inference_mode(), profile(activities=[ProfilerActivity.CPU]) as profiler:
         logits_of(*tensors)
-    times: dict[str, list[float]] = {}
-    for event in profiler.key_averages():
-        if event.self_cpu_time_total > 0:
-            # Averaged over its calls; the op's calls share its self time evenly.
-            per_call = event.self_cpu_time_total / 1000 / event.count
-            times[event.key] = [per_call] * event.count
-    return OpProfile.of(times)
+    return OpProfile.of(
+        (event.key, event.count, event.self_cpu_time_total / 1000)
+        for event in profiler.key_averages()
+        if event.self_cpu_time_total > 0
+    )
 
 
 def profile_onnx(session_of, artifact: Path, tensors: tuple[torch.Tensor, ...]) -> OpProfile:
@@ -99,4 +97,4 @@ def profile_onnx(session_of, artifact: Path, tensors: tuple[torch.Tensor, ...]) 
             and start <= event["ts"] <= end
         ):
             times[event["args"]["op_name"]].append(event["dur"] / 1000)
-    return OpProfile.of(dict(times))
+    return OpProfile.of((op, len(ms), sum(ms)) for op, ms in times.items())
