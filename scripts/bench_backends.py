@@ -35,6 +35,7 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import optuna
@@ -52,6 +53,7 @@ from tuner.edits import apply_edits
 from tuner.errors import ConfigError
 from tuner.front import study_points
 from tuner.insight.op_classes import OP_CLASSES
+from tuner.insight.roofline import MachinePeak, flops_per_call, measure_peak, roofline
 from tuner.latency import LatencyProtocol, LatencyResult, cpu_model, time_rounds
 from tuner.models import build_model
 from tuner.recipe import ModelRecipe
@@ -260,6 +262,12 @@ def bench(args: argparse.Namespace) -> int:
             for name, row in rows.items()
             if "artifact" in row
         }
+        # And once per study and trained model: the machine's peaks, the model's FLOPs.
+        started = time.perf_counter()
+        peak = measure_peak(protocol.num_threads)
+        counted = time.perf_counter()
+        flops = flops_per_call(edited, example.tensors)
+        roofs = Roofs(peak, flops, counted - started, time.perf_counter() - counted)
     latencies = {name: LatencyResult.of_rounds(rounds) for name, rounds in timings.items()}
     baseline_p50 = latencies[baseline_name].p50_ms
     print(f"\n{title(args, cfg, len(train_data), example)}")
@@ -289,7 +297,7 @@ def bench(args: argparse.Namespace) -> int:
         print("\nWhat the artifacts hold:\n")
         for name, notes in described.items():
             print(f"- {name}: {describe(notes)}")
-    print_insight(insight, latencies)
+    print_insight(insight, latencies, rows, roofs)
     if args.study:
         compare_front(args, baseline_name, baseline_p50)
     return 0
@@ -300,21 +308,43 @@ def inspect(backend_name: str, row: dict, example, deploy: DictConfig) -> dict:
     they took."""
     backend = BACKENDS.get(backend_name)
     started = time.perf_counter()
-    graph, _ = graph_of(backend, row["artifact"])
+    graph, _ = graph_of(backend, row["artifact"], row["logits_of"], example)
     profile = backend.profile(row["artifact"], row["logits_of"], example, deploy)
     return {"seconds": time.perf_counter() - started, "graph": graph, "profile": profile}
 
 
-def print_insight(insight: dict[str, dict], latencies: dict[str, LatencyResult]) -> None:
-    """Where one call's time goes per backend (ms by op class, share), its layout ops, and
-    what reading the graph and profiling cost."""
+@dataclass(frozen=True)
+class Roofs:
+    """The machine's peaks and the edited model's FLOPs per call, and the seconds each took."""
+
+    peak: MachinePeak
+    flops: float
+    peak_seconds: float
+    flops_seconds: float
+
+
+def print_insight(
+    insight: dict[str, dict],
+    latencies: dict[str, LatencyResult],
+    rows: dict[str, dict],
+    roofs: Roofs,
+) -> None:
+    """Where one call's time goes per backend (ms by op class, share), its layout ops, its
+    roofline fraction, and what reading the graph and profiling cost."""
+    gemm = ", ".join(f"{name} {value:.0f}" for name, value in roofs.peak.gemm_gflops.items())
+    print(
+        f"\nMachine peaks ({roofs.peak.threads} threads): GEMM G(FL)OP/s {gemm}; bandwidth "
+        f"{roofs.peak.bandwidth_gbs:.1f} GB/s (measured in {roofs.peak_seconds:.1f} s, once "
+        f"per study). Model: {roofs.flops / 1e9:.2f} GFLOP per call (counted in "
+        f"{roofs.flops_seconds:.2f} s, once per trained model)."
+    )
     print("\nOne profiled call per backend, after the timed rounds (ms by op class, share):\n")
     print(
         "| backend | p50 ms | profiled ms | "
         + " | ".join(OP_CLASSES)
-        + " | layout ops | graph + profile s |"
+        + " | layout ops | roofline | graph + profile s |"
     )
-    print("| --- |" + " ---: |" * (len(OP_CLASSES) + 4))
+    print("| --- |" + " ---: |" * (len(OP_CLASSES) + 5))
     for name, found in insight.items():
         profile = found["profile"]
         total = profile.total_ms or 1.0
@@ -322,9 +352,15 @@ def print_insight(insight: dict[str, dict], latencies: dict[str, LatencyResult])
             f"{ms:.2f} ({ms / total:.0%})" if ms else "-" for ms in profile.by_class_ms().values()
         )
         layout = "-" if found["graph"] is None else str(found["graph"].layout_ops)
+        precision = BACKENDS.get(name.split()[0]).precision
+        line = roofline(
+            roofs.flops, rows[name]["size_mb"] * 1e6, latencies[name].p50_ms, precision, roofs.peak
+        )
+        bound = f"{precision} peak" if line.bound == "compute" else "bandwidth"
         print(
             f"| {name} | {latencies[name].p50_ms:.2f} | {profile.total_ms:.2f} | {classes} | "
-            f"{layout} | {found['seconds']:.2f} |"
+            f"{layout} | {line.fraction:.1%} of {line.attainable_gflops:.0f} ({bound}) | "
+            f"{found['seconds']:.2f} |"
         )
 
 

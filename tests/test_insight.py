@@ -23,6 +23,8 @@ from tuner.insight.profile import OpProfile, profile_torch
         ("FusedConv", "matmul/conv"),
         ("aten::linear", "matmul/conv"),
         ("aten.addmm.default", "matmul/conv"),
+        ("quantized.linear_dynamic", "matmul/conv"),
+        ("aten.scaled_dot_product_attention", "attention"),
         ("QAttention", "attention"),
         ("Softmax", "attention"),
         ("SkipLayerNormalization", "norm"),
@@ -147,3 +149,194 @@ def test_onnx_runtimes_profiler_sees_each_node_of_the_graph(tmp_path):
         ("Transpose", 1),
     ]
     assert profile.total_ms > 0
+
+
+def test_a_pytorch_graph_lists_the_operators_one_call_dispatches(tiny_bert):
+    import warnings
+
+    import torch
+
+    from tuner.insight.graph import dispatched_graph
+
+    ids = torch.randint(0, 100, (1, 16))
+    mask = torch.ones(1, 16, dtype=torch.long)
+    dump = dispatched_graph(tiny_bert.eval(), (ids, mask))
+    # Two layers: two attention calls; per layer Q, K, V, output, two FFN projections, plus
+    # the pooler and the head's two (dense, out): 2 * 6 + 3 linear layers.
+    assert dump.ops["aten.scaled_dot_product_attention"] == 2
+    assert dump.ops["aten.linear"] == 15
+    assert dump.summary()["by_class"]["attention"] == 2
+    assert dump.layout_ops > 0
+    assert sum(dump.ops.values()) == len(dump.text.splitlines())
+    # Shapes: the first FFN projection of a 16-token sequence, 32 -> 1536 wide.
+    assert any(
+        line.split()[1] == "aten.linear:" and line.endswith("-> 1x16x1536")
+        for line in dump.text.splitlines()
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        quantized = torch.ao.quantization.quantize_dynamic(
+            tiny_bert, {torch.nn.Linear}, dtype=torch.qint8
+        )
+    # The same call quantised dispatches int8 matmuls in place of every fp32 one.
+    int8 = dispatched_graph(quantized, (ids, mask))
+    assert int8.ops["quantized.linear_dynamic"] == 15 and "aten.linear" not in int8.ops
+
+
+def test_a_convolutional_graph_counts_its_convolutions_and_norms():
+    import timm
+    import torch
+
+    from tuner.insight.graph import dispatched_graph
+
+    model = timm.create_model("resnet18", num_classes=10, in_chans=1, pretrained=False).eval()
+    dump = dispatched_graph(model, (torch.randn(1, 1, 28, 28),))
+    # ResNet-18: the stem, 8 basic blocks of two convolutions, 3 downsampling shortcuts.
+    assert dump.ops["aten.conv2d"] == 20
+    assert dump.ops["aten.batch_norm"] == 20
+    assert dump.summary()["by_class"]["pooling"] == 2  # max pool, global average pool
+
+
+def test_flops_per_call_count_two_per_multiply_add():
+    import torch
+
+    from tuner.insight.roofline import flops_per_call
+
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 2))
+    # Batch 8: 8 * (64 * 256 + 256 * 2) multiply-adds.
+    assert flops_per_call(model, (torch.randn(8, 64),)) == 2 * 8 * (64 * 256 + 256 * 2)
+
+
+def test_flops_of_a_transformer_count_its_projections_ffn_and_attention(tiny_bert):
+    import torch
+
+    from tuner.insight.roofline import flops_per_call
+
+    ids, mask = torch.randint(0, 100, (1, 16)), torch.ones(1, 16, dtype=torch.long)
+    tokens, hidden, ffn = 16, 32, 1536
+    per_layer = (
+        4 * 2 * tokens * hidden * hidden  # Q, K, V and output projections
+        + 2 * 2 * tokens * hidden * ffn  # the two FFN projections
+        + 2 * 2 * tokens * tokens * hidden  # Q K^T and the weighted sum of V, all heads
+    )
+    # Pooler and the head's dense layer on the first token, then 2 logits.
+    head = 2 * hidden * hidden + 2 * hidden * hidden + 2 * hidden * 2
+    assert flops_per_call(tiny_bert, (ids, mask)) == 2 * per_layer + head
+
+
+def test_the_roofline_takes_the_lower_of_the_compute_and_memory_roofs():
+    from tuner.insight.roofline import MachinePeak, roofline
+
+    peak = MachinePeak({"fp32": 100.0, "bf16": 200.0, "int8": 400.0}, bandwidth_gbs=10.0, threads=2)
+    # 2 GFLOP over 100 MB of weights: 20 FLOP/byte, 200 GFLOP/s under the memory roof; fp32's
+    # 100 GFLOP/s is the lower roof. 2 GFLOP in 40 ms: 50 GFLOP/s, half of it.
+    fp32 = roofline(2e9, 100e6, 40.0, "fp32", peak)
+    assert fp32.bound == "compute"
+    assert fp32.achieved_gflops == pytest.approx(50.0)
+    assert fp32.fraction == pytest.approx(0.5)
+    # Under int8 the compute roof is 400: memory (200) is the lower one.
+    int8 = roofline(2e9, 100e6, 20.0, "int8", peak)
+    assert int8.bound == "memory"
+    assert int8.attainable_gflops == pytest.approx(200.0)
+    assert int8.metrics() == {"achieved_gflops": pytest.approx(100.0), "roofline_fraction": 0.5}
+
+
+def test_the_machines_peaks_are_measured_in_the_order_the_hardware_implies():
+    from tuner.insight.roofline import measure_peak
+
+    peak = measure_peak(threads=1)
+    assert peak.threads == 1
+    # A 2-core test machine does tens of GFLOP/s in fp32 and moves GB/s; more than 10 TFLOP/s
+    # or 1 TB/s would mean a wrong unit.
+    assert 1 < peak.gemm_gflops["fp32"] < 10_000
+    assert 0.5 < peak.bandwidth_gbs < 1_000
+    assert set(peak.gemm_gflops) == {"fp32", "bf16", "int8"}
+
+
+def test_a_study_measures_its_machines_peak_once_and_keeps_it(tmp_path):
+    import optuna
+
+    from tuner.insight.roofline import PEAK_ATTR_PREFIX, peak_key, study_peak
+
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path}/s.db", directions=["maximize"])
+    record = {"latency.cpu": "X", "latency.cpu_flags": "avx2", "latency.num_threads": 1}
+    first = study_peak(study, record, threads=1)
+    stored = [name for name in study.user_attrs if name.startswith(PEAK_ATTR_PREFIX)]
+    assert stored == [f"{PEAK_ATTR_PREFIX}{peak_key(record)}"]
+    # Read back, not measured again: the very same numbers.
+    again = optuna.load_study(study_name=study.study_name, storage=f"sqlite:///{tmp_path}/s.db")
+    assert study_peak(again, record, threads=1) == first
+    # Another machine (other flags) is a key of its own.
+    assert peak_key({**record, "latency.cpu_flags": "avx512f"}) != peak_key(record)
+    assert peak_key({**record, "latency.batch_size": 4}) == peak_key(record)
+
+
+def _point(number, backend, latency, profile_ms, layout_ops=10, flops=2e9, precision="fp32"):
+    from tuner.front import Point
+    from tuner.insight.point import PointInsight
+
+    insight = PointInsight(profile_ms, layout_ops, flops, precision, peak_key="m")
+    return Point(
+        number, backend, 0.8, latency, latency, 100.0, number, pareto=True, insight=insight
+    )
+
+
+def test_the_breakdown_puts_two_points_side_by_side_and_names_the_biggest_difference():
+    from rich.console import Console
+
+    from tuner.insight.compare import biggest_difference, breakdown
+    from tuner.insight.roofline import MachinePeak
+
+    chosen = _point(
+        3, "onnxruntime_int8", 10.0, {"matmul/conv": 6.0, "layout/memory": 4.0}, precision="int8"
+    )
+    eager = _point(1, "eager", 40.0, {"matmul/conv": 30.0, "layout/memory": 5.0, "norm": 5.0}, 80)
+    peaks = {"m": MachinePeak({"fp32": 100.0, "bf16": 100.0, "int8": 400.0}, 10.0, 2)}
+    console = Console(record=True, width=200)
+    console.print(breakdown([chosen, eager], peaks))
+    text = console.export_text()
+    assert "#3 onnxruntime_int8" in text and "#1 eager" in text
+    assert "6.00 ms (60%)" in text and "30.00 ms (75%)" in text  # 6 of 10, 30 of 40
+    assert "norm" in text and "0.00 ms (0%)" in text  # eager's third class, none on #3
+    # 2 GFLOP over 100 MB: 20 FLOP/byte x 10 GB/s = 200 GFLOP/s under the memory roof; int8's
+    # compute roof is 400, so memory bounds #3: 200 GFLOP/s achieved in 10 ms, all of it.
+    assert "100.0% of 200 GFLOP/s (bandwidth)" in text
+    # fp32's roof (100) is the lower for eager: 50 GFLOP/s achieved in 40 ms.
+    assert "50.0% of 100 GFLOP/s (fp32 peak)" in text
+    assert biggest_difference(chosen, eager) == (
+        "Biggest difference: matmul/conv, 6.00 ms on #3 (onnxruntime_int8) against 30.00 ms "
+        "on #1 (eager): 24.00 ms less per call."
+    )
+    unprofiled = _point(4, "compile", 5.0, {})
+    assert biggest_difference(unprofiled, eager) is None
+
+
+def test_the_fronts_profile_picture_shows_each_profiled_front_point_by_class(tmp_path):
+    from dataclasses import replace
+
+    from tuner.insight.plots import plot_profile_html, plot_profile_png, profiled_front
+
+    fast = _point(5, "onnxruntime_int8", 10.0, {"matmul/conv": 6.0, "quantize": 1.0})
+    slow = _point(1, "eager", 40.0, {"matmul/conv": 30.0, "layout/memory": 5.0})
+    dominated = replace(_point(2, "bf16", 50.0, {"matmul/conv": 40.0}), pareto=False)
+    unprofiled = _point(6, "compile", 8.0, {})
+    points = [slow, dominated, fast, unprofiled]
+    assert [p.trial_number for p, _ in profiled_front(points)] == [5, 1]
+    plot_profile_png(points, "study", tmp_path / "by_backend.png")
+    assert (tmp_path / "by_backend.png").read_bytes()[:4] == b"\x89PNG"
+    plot_profile_html(points, "study", tmp_path / "by_backend.html")
+    html = (tmp_path / "by_backend.html").read_text()
+    assert "#5 onnxruntime_int8 (10.0 ms)" in html and "#1 eager (40.0 ms)" in html
+    assert "#2 bf16" not in html and "#6 compile" not in html
+    assert "quantize: 1.00 ms (14%)" in html  # 1 of 7 ms
+    # One trace per class that took time on a shown point, and none for the others.
+    assert '"name":"quantize"' in html and '"name":"norm"' not in html
+
+
+def test_a_points_insight_survives_its_trial_attribute():
+    from tuner.insight.point import PointInsight
+
+    insight = PointInsight({"matmul/conv": 1.5}, 7, 3e9, "int8", "abc")
+    assert PointInsight.of_attr(insight.to_attr()) == insight
+    assert PointInsight.of_attr(None) is None
+    assert insight.top_classes(1) == [("matmul/conv", 1.5, 1.0)]

@@ -79,6 +79,9 @@ def test_parent_run_holds_the_front_hypervolume_and_protocol(smoke):
     parent = parents[0]
     artifacts = {a.path for a in client.list_artifacts(parent.info.run_id, "pareto")}
     assert artifacts == {"pareto/front.csv", "pareto/front.png", "pareto/front.html"}
+    # The front's points by where their time goes.
+    profiles = {a.path for a in client.list_artifacts(parent.info.run_id, "profile")}
+    assert profiles == {"profile/by_backend.png", "profile/by_backend.html"}
     page = open(client.download_artifacts(parent.info.run_id, "pareto/front.html", str(smoke)))
     html = page.read()
     assert "Plotly.newPlot" in html and '<script src="http' not in html
@@ -209,6 +212,58 @@ def test_report_recommends_evaluates_and_exports(smoke, tmp_path):
     refused = _report(smoke, "--export", str(export))
     assert refused.returncode == 2 and "not empty" in refused.stderr
     assert "Pareto front" not in refused.stdout
+
+
+def test_every_point_records_where_its_time_goes_and_its_roofline(smoke):
+    from tuner.backends import BACKENDS
+    from tuner.insight.roofline import stored_peaks
+
+    study = _load_study(smoke)
+    client = MlflowClient(_stores(smoke)[1])
+    # One machine ran the study: one set of peaks, measured under the protocol's 2 threads.
+    (peak,) = stored_peaks(study.user_attrs).values()
+    assert peak.threads == 2 and peak.gemm_gflops["fp32"] > 1 and peak.bandwidth_gbs > 0.5
+    flops_of_model: dict[int, set[float]] = {}
+    for point in study_points(study):
+        insight = point.insight
+        assert insight is not None and insight.profile_ms, point.backend
+        assert insight.precision == BACKENDS.get(point.backend).precision
+        flops_of_model.setdefault(point.trained_in_trial, set()).add(insight.flops)
+        metrics = client.get_run(point.mlflow_run_id).data.metrics
+        # What the trial keeps is what its run logged.
+        assert sum(insight.profile_ms.values()) == pytest.approx(metrics["profile.total_ms"])
+        # Achieved throughput: the FLOPs per call over the latency the point was logged with.
+        seconds = metrics["latency_ms_p50"] / 1000
+        assert metrics["achieved_gflops"] == pytest.approx(metrics["gflops_per_call"] / seconds)
+        assert 0 < metrics["roofline_fraction"] <= 1.5
+    # FLOPs are the architecture's: the same on every backend of one trained model, and
+    # larger for the unedited teacher (#0) than for the shrunken student.
+    assert all(len(found) == 1 for found in flops_of_model.values())
+    (teacher,), (student,) = flops_of_model[0], flops_of_model[max(flops_of_model)]
+    assert teacher > student > 0
+
+
+def test_the_report_shows_where_the_time_goes_and_profiles_a_point_on_demand(smoke):
+    study = _load_study(smoke)
+    points = study_points(study)
+    chosen = recommend(points, Rule(), baseline_of(study.trials))
+    result = _report(smoke, "--skip-test", "--profile", str(chosen.trial_number))
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "Where one call's time goes" in out and f"#{chosen.trial_number} {chosen.backend}" in out
+    assert "roofline fraction" in out and "layout ops" in out
+    if chosen.backend != "eager":
+        assert "Biggest difference: " in out
+    # The fresh profile of the logged model, at the protocol's input shape (batch 1, 32 tokens).
+    assert f"Profiling trial #{chosen.trial_number} ({chosen.backend})" in out
+    assert f"{chosen.backend}, one call on 1x32, 1x32:" in out and "matmul/conv" in out
+    # A point without a logged model, or no point at all, is refused before anything runs.
+    unlogged = next(p for p in points if p.model_uri is None)
+    refused = _report(smoke, "--skip-test", "--profile", str(unlogged.trial_number))
+    assert refused.returncode == 2 and "has no logged model" in refused.stderr
+    missing = _report(smoke, "--skip-test", "--profile", "999")
+    assert missing.returncode == 2 and "no complete point #999" in missing.stderr
+    assert "Recommended" not in missing.stdout
 
 
 def test_report_rules_and_a_study_still_running(smoke):

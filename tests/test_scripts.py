@@ -61,6 +61,13 @@ def test_bench_backends_prints_a_row_per_backend():
     assert [row[0] for row in profiled[2:]] == ["eager", "int8_dynamic"]
     assert profiled[0][3] == "matmul/conv" and float(profiled[2][2]) > 0
     assert profiled[3][3] != "-"  # int8_dynamic's time is in its quantized linear layers
+    # PyTorch points have a graph too (the operators one call dispatches), and a roofline
+    # against the peak of the precision they compute in.
+    header = profiled[0]
+    layout, roof = header.index("layout ops"), header.index("roofline")
+    assert int(profiled[2][layout]) > 0 and int(profiled[3][layout]) > 0
+    assert "(fp32 peak)" in profiled[2][roof] or "(bandwidth)" in profiled[2][roof]
+    assert "(int8 peak)" in profiled[3][roof] or "(bandwidth)" in profiled[3][roof]
 
 
 def test_bench_backends_deploys_a_cnn_with_the_same_table():

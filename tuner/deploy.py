@@ -194,7 +194,7 @@ def deploy_on(
     # Read and profiled apart from the timed calls (after them, or before the rounds a
     # latency table times later), so that neither ever touches them.
     backend = BACKENDS.get(backend_name)
-    graph, graph_absent = graph_of(backend, converted.artifact)
+    graph, graph_absent = graph_of(backend, converted.artifact, converted.logits_of, example)
     profile, profile_absent = _or_reason(
         lambda: backend.profile(converted.artifact, converted.logits_of, example, deploy_cfg)
     )
@@ -216,11 +216,17 @@ def deploy_on(
     )
 
 
-def graph_of(backend: Backend, artifact: Path) -> tuple[GraphDump | None, str | None]:
+def graph_of(
+    backend: Backend, artifact: Path, logits_of: Logits, example: ExampleInputs
+) -> tuple[GraphDump | None, str | None]:
     """The artifact's operator graph, or None and the reason there is none."""
     if backend.graph is None:
-        return None, f"{backend.name} ships a PyTorch artifact; graph dumps read ONNX graphs"
-    return _or_reason(lambda: backend.graph(artifact))
+        return None, (
+            f"{backend.name} runs code Inductor generates when the artifact is loaded: its "
+            "kernels are no operator graph to dump (its profile names them)"
+        )
+    graph = backend.graph
+    return _or_reason(lambda: graph(artifact, logits_of, example))
 
 
 def _or_reason(read: Callable[[], T]) -> tuple[T | None, str | None]:

@@ -11,6 +11,7 @@ import pandas as pd
 
 from tuner.budget import retried_numbers
 from tuner.constraints import Baseline, Constraints, baseline_of
+from tuner.insight.point import INSIGHT_ATTR, PointInsight
 from tuner.pareto import pareto_mask
 
 if TYPE_CHECKING:
@@ -48,6 +49,8 @@ class Point:
     # Where the point's deployable model was logged (MLflow model URI), if it was.
     model_uri: str | None = None
     mlflow_run_id: str | None = None
+    # Where its time goes (`tuner.insight.point`); None for a point made by an older version.
+    insight: PointInsight | None = None
 
     @property
     def status(self) -> str:
@@ -124,6 +127,7 @@ def points_of(
             feasible=constraints.feasible(trial.values[0], p50, baseline),
             model_uri=trial.user_attrs.get(MODEL_URI_ATTR),
             mlflow_run_id=trial.user_attrs.get(RUN_ID_ATTR),
+            insight=PointInsight.of_attr(trial.user_attrs.get(INSIGHT_ATTR)),
         )
         for trial in trials
         for p50, p95 in [latency_of(trial)]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,10 +22,14 @@ from omegaconf import DictConfig, OmegaConf
 
 from tuner import console
 from tuner.config import apply_debug, compose_config, resolve
-from tuner.constraints import Constraints, baseline_of
+from tuner.console import eager_point_of
+from tuner.constraints import Baseline, Constraints, baseline_of
 from tuner.data import load_splits
 from tuner.errors import ConfigError
 from tuner.front import Point, failures_of, points_of
+from tuner.insight.compare import biggest_difference, breakdown
+from tuner.insight.on_demand import op_table, profile_logged
+from tuner.insight.roofline import MachinePeak, stored_peaks
 from tuner.latency_table import LatencyTable
 from tuner.modalities import MODALITIES
 from tuner.recommend import DEFAULT_MAX_ACCURACY_DROP, Rule, recommend
@@ -69,6 +73,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--export", type=Path, default=None, metavar="DIR")
     parser.add_argument(
         "--skip-test", action="store_true", help="do not evaluate on the test split"
+    )
+    parser.add_argument(
+        "--profile",
+        type=int,
+        default=None,
+        metavar="TRIAL",
+        help="profile trial TRIAL's logged model now: one call at its latency protocol's input "
+        "shape and threads, by operator and op class, with its graph's layout ops",
     )
     # Overrides and options in any order, as with `python -m tuner`.
     return parser.parse_intermixed_args(argv)
@@ -194,6 +206,42 @@ def _summary(
     }
 
 
+def logged_point(points: list[Point], trial_number: int) -> Point:
+    """The point of trial `trial_number`, which must have a logged model (checked before
+    anything is evaluated)."""
+    point = next((p for p in points if p.trial_number == trial_number), None)
+    if point is None:
+        raise ConfigError(
+            f"Invalid option --profile {trial_number}: the study has no complete point "
+            f"#{trial_number}"
+        )
+    if point.model_uri is None or point.mlflow_run_id is None:
+        raise ConfigError(
+            f"Invalid option --profile {trial_number}: trial #{trial_number} has no logged model "
+            "(a study logs the models of points that join the front when they are made)"
+        )
+    return point
+
+
+def where_time_goes(point: Point, eager: Point | None, peaks: Mapping[str, MachinePeak]) -> None:
+    """The recommended point beside the most accurate eager one, by op class and roofline."""
+    shown = [point] if eager is None or eager.trial_number == point.trial_number else [point, eager]
+    console.console.print(breakdown(shown, peaks))
+    difference = None if len(shown) == 1 else biggest_difference(point, shown[1])
+    if difference:
+        console.console.print(difference)
+
+
+def profile_on_demand(point: Point, data_cfg: DictConfig, client: mlflow.MlflowClient) -> None:
+    """Print a fresh profile of the point's logged model."""
+    assert point.model_uri is not None and point.mlflow_run_id is not None
+    params = client.get_run(point.mlflow_run_id).data.params
+    splits = load_splits(data_cfg)
+    console.console.print(f"Profiling trial #{point.trial_number} ({point.backend}) ...")
+    found = profile_logged(point.model_uri, splits.val.items, params)
+    console.console.print(op_table(found))
+
+
 def report(args: argparse.Namespace) -> int:
     rule = rule_of(args)
     check_export_directory(args.export)
@@ -206,28 +254,51 @@ def report(args: argparse.Namespace) -> int:
     table = LatencyTable.of_attrs(study.user_attrs)
     points, baseline = points_of(trials, constraints, table), baseline_of(trials)
     console.front_summary(study.study_name, points, failures_of(trials), baseline)
+    to_profile = None if args.profile is None else logged_point(points, args.profile)
     running = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
     if running:
         console.console.print(f"{len(running)} trial(s) still running: this is the front so far.")
     point = recommend(points, rule, baseline)
     if point is None:
-        console.console.print(f"[red]No point of the front is {rule.describe()}.[/]")
-        front = [p for p in points if p.pareto]
-        best = max(front, key=lambda p: p.val_accuracy, default=None)
-        # Said only where the drop alone is what leaves every point out.
-        if (
-            best is not None
-            and rule.max_accuracy_drop is not None
-            and rule.max_latency_ms is None
-            and best.val_accuracy < baseline.accuracy
-        ):
-            console.console.print(
-                f"The front's most accurate point is #{best.trial_number} at "
-                f"{best.val_accuracy:.4f}, {100 * (baseline.accuracy - best.val_accuracy):.1f} "
-                f"point(s) below {baseline.describe()}: a larger --max-accuracy-drop reaches it."
-            )
-        return 1
-    console.recommendation(point, rule.describe())
+        no_point(points, rule, baseline)
+        status = 1
+    else:
+        console.recommendation(point, rule.describe())
+        where_time_goes(point, eager_point_of(points, baseline), stored_peaks(study.user_attrs))
+        status = check_and_export(args, study, point, rule, data_cfg, client)
+    if to_profile is not None:
+        profile_on_demand(to_profile, data_cfg, client)
+    return status
+
+
+def no_point(points: list[Point], rule: Rule, baseline: Baseline) -> None:
+    """Why no point is recommended."""
+    console.console.print(f"[red]No point of the front is {rule.describe()}.[/]")
+    front = [p for p in points if p.pareto]
+    best = max(front, key=lambda p: p.val_accuracy, default=None)
+    # Said only where the drop alone is what leaves every point out.
+    if (
+        best is not None
+        and rule.max_accuracy_drop is not None
+        and rule.max_latency_ms is None
+        and best.val_accuracy < baseline.accuracy
+    ):
+        console.console.print(
+            f"The front's most accurate point is #{best.trial_number} at "
+            f"{best.val_accuracy:.4f}, {100 * (baseline.accuracy - best.val_accuracy):.1f} "
+            f"point(s) below {baseline.describe()}: a larger --max-accuracy-drop reaches it."
+        )
+
+
+def check_and_export(
+    args: argparse.Namespace,
+    study: optuna.Study,
+    point: Point,
+    rule: Rule,
+    data_cfg: DictConfig,
+    client: mlflow.MlflowClient,
+) -> int:
+    """The recommended point's test accuracy, and its export where asked."""
     if point.model_uri is None:
         console.console.print(
             f"[yellow]Trial #{point.trial_number} has no logged model (its logging failed, or "

@@ -69,9 +69,10 @@ class PointModel(mlflow.pyfunc.PythonModel):
         from tuner.modalities import MODALITIES
 
         self.spec = PointSpec.read(Path(context.artifacts["point"]))
-        deploy = OmegaConf.create(self.spec.deploy)
+        # Kept for what reads the artifact itself (`tuner.insight.on_demand`).
+        self.artifact = Path(context.artifacts["model"])
         self.logits_of = BACKENDS.get(self.spec.backend).load(
-            Path(context.artifacts["model"]), deploy
+            self.artifact, OmegaConf.create(self.spec.deploy)
         )
         self.modality = MODALITIES.get(self.spec.modality).load(Path(context.artifacts["inputs"]))
 

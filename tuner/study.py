@@ -12,6 +12,7 @@ import zlib
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import optuna
 import torch
@@ -38,6 +39,7 @@ from tuner.early_stopping import PruningSettings, sampler_view
 from tuner.edits import EDITS, SAME_EDIT
 from tuner.errors import ConfigError
 from tuner.front import Point, failures_of, front_note, points_of
+from tuner.insight.roofline import MachinePeak, study_peak
 from tuner.latency import LatencyProtocol
 from tuner.latency_table import LatencyTable
 from tuner.modalities import MODALITIES, Modality
@@ -254,6 +256,7 @@ def run_study(
         console.review_hint(str(cfg.tracking.uri), tracker.experiment_id, None)
         return points
     protocol_record = {**protocol.record(prefix="latency."), "latency.input_shape": example.shape()}
+    peak = machine_peak(study, protocol_record, protocol.num_threads)
     parent_id = tracker.start_parent(
         study.study_name,
         {
@@ -265,6 +268,7 @@ def run_study(
             "study.max_accuracy_drop": constraints.max_accuracy_drop,
             "study.latency_budget_ms": constraints.latency_budget_ms,
             **protocol_record,
+            **({} if peak is None else peak.record(prefix="machine_peak.")),
         },
         OmegaConf.to_yaml(cfg),
     )
@@ -332,6 +336,7 @@ def run_study(
                 profile_keys=frozenset(debug_profile_keys(raw_cfg)),
             ),
             teachers=teachers,
+            peak=peak,
         )
         objective = Objective(context)
         try:
@@ -398,6 +403,21 @@ def _settle_settings(study: optuna.Study, cfg: DictConfig) -> None:
     if any(key.startswith("study.hypervolume_reference") for key in changed):
         # A curve is only comparable against one reference: it starts again from the new one.
         study.set_user_attr(REFERENCE_ATTR, None)
+
+
+def machine_peak(
+    study: optuna.Study, protocol_record: Mapping[str, Any], threads: int
+) -> MachinePeak | None:
+    """This machine's peaks for the points' rooflines (`tuner.insight.roofline`); None, said
+    once, where they cannot be measured: the points go on without their roofline."""
+    try:
+        return study_peak(study, protocol_record, threads)
+    except Exception as exc:
+        console.console.print(
+            f"[yellow]The machine's peaks could not be measured ({type(exc).__name__}: {exc}); "
+            "points are recorded without their roofline.[/]"
+        )
+        return None
 
 
 def _summarise(study: optuna.Study, constraints: Constraints) -> list[Point]:

@@ -22,6 +22,7 @@ from mlflow.tracking import MlflowClient
 from tuner.front import Point, front_table
 from tuner.front_plots import plot_front_html, plot_front_png
 from tuner.insight.graph import GraphDump
+from tuner.insight.plots import plot_profile_html, plot_profile_png, profiled_front
 from tuner.insight.profile import OpProfile
 from tuner.retries import RetryingProxy
 from tuner.training import EpochResult
@@ -192,8 +193,9 @@ class Tracker:
     def publish_front(
         self, parent_id: str, study_name: str, points: list[Point], note: str
     ) -> None:
-        """Write the front on the parent run (table, plots, a summary as its description) and
-        re-tag every trial run of the study with `pareto`."""
+        """Write the front on the parent run (table, plots, a summary as its description, and
+        where its points were profiled, their time by op class) and re-tag every trial run of
+        the study with `pareto`."""
         title = f"{study_name}: accuracy vs latency"
         with tempfile.TemporaryDirectory() as tmp:
             directory = Path(tmp)
@@ -201,6 +203,12 @@ class Tracker:
             plot_front_png(points, title, directory / "front.png")
             plot_front_html(points, title, directory / "front.html")
             self.client.log_artifacts(parent_id, str(directory), "pareto")
+        if profiled_front(points):
+            with tempfile.TemporaryDirectory() as tmp:
+                directory, title = Path(tmp), f"{study_name}: where the front's time goes"
+                plot_profile_png(points, title, directory / "by_backend.png")
+                plot_profile_html(points, title, directory / "by_backend.html")
+                self.client.log_artifacts(parent_id, str(directory), "profile")
         # MLflow shows this tag as the run's description.
         self.client.set_tag(parent_id, "mlflow.note.content", note)
         self._tag_pareto(study_name, {p.trial_number: p.pareto for p in points})

@@ -63,6 +63,8 @@ from tuner.front import (
     TEACHER_OF_ATTR,
     points_of,
 )
+from tuner.insight.point import INSIGHT_ATTR, PointInsight
+from tuner.insight.roofline import MachinePeak, flops_per_call, peak_key
 from tuner.latency import LatencyProtocol, LatencyResult, time_rounds
 from tuner.latency_table import LatencyTable, digest_of, latency_key, record_session
 from tuner.modalities import Modality
@@ -195,6 +197,9 @@ class TrialContext:
     pruning: PruningSettings
     # The study's distillation teacher; None when no trial distils.
     teachers: Teachers | None = None
+    # This machine's peaks (`tuner.insight.roofline`), against which points are held; None
+    # where they could not be measured.
+    peak: MachinePeak | None = None
 
     def study_trials(self) -> list[optuna.trial.FrozenTrial]:
         return self.storage.get_all_trials(self.study_id, deepcopy=False)
@@ -231,6 +236,9 @@ class _Trained:
     teacher_location: str | None = None
     # For the study's teacher: the `train.distill.teacher` reference it was trained for.
     teacher_for: str | None = None
+    # Floating-point operations of one call at the deployment's input shape (None: the
+    # counter failed on this model).
+    flops: float | None = None
 
 
 class Objective:
@@ -549,6 +557,11 @@ class Objective:
             )
         reference = Reference(result.val_logits, ctx.val_data.labels)
         trial.set_user_attr(EAGER_ACCURACY_ATTR, reference.accuracy)
+        try:
+            flops = flops_per_call(model, ctx.example.tensors)
+        except Exception as exc:  # the points go on without their roofline
+            flops = None
+            ctx.tracker.set_tags(run_id, {"roofline.absent": f"{type(exc).__name__}: {exc}"})
         if teacher_for is not None:
             # Stored before deployment: students need it whatever its backends do.
             uri = store_after_training(
@@ -572,6 +585,7 @@ class Objective:
             {backend: key and digest_of(key) for backend, key in keys.items()},
             teacher_location,
             teacher_for,
+            flops,
         )
 
     def _deploy_everywhere(
@@ -722,7 +736,7 @@ class Objective:
             ctx.tracker.log_profile(run_id, result.profile)
         else:
             ctx.tracker.set_tags(run_id, {"profile.absent": result.profile_absent or ""})
-        metrics = result.metrics()
+        metrics = {**result.metrics(), **self._insight(set_attr, run_id, trained, result)}
         for name in (
             "latency_ms_p95",
             "latency_rounds",
@@ -738,6 +752,32 @@ class Objective:
         return ctx.constraints.values(
             result.val_accuracy, metrics["latency_ms_p50"], trained.baseline
         )
+
+    def _insight(
+        self, set_attr, run_id: str, trained: _Trained, result: BackendResult
+    ) -> dict[str, float]:
+        """The point's `insight` attribute (`tuner.insight.point`); returns its FLOPs and
+        roofline metrics, as far as they are known."""
+        ctx = self.context
+        assert result.latency is not None
+        insight = PointInsight(
+            profile_ms={}
+            if result.profile is None
+            else {name: ms for name, ms in result.profile.by_class_ms().items() if ms > 0},
+            layout_ops=None if result.graph is None else result.graph.layout_ops,
+            flops=trained.flops,
+            precision=BACKENDS.get(result.backend).precision,
+            peak_key=peak_key(ctx.protocol_record),
+        )
+        set_attr(INSIGHT_ATTR, insight.to_attr())
+        if trained.flops is None:
+            return {}
+        peaks = {} if ctx.peak is None else {insight.peak_key: ctx.peak}
+        line = insight.roofline(result.latency.p50_ms, result.model_size_mb, peaks)
+        if line is None:
+            return {"gflops_per_call": trained.flops / 1e9}
+        ctx.tracker.set_tags(run_id, {"roofline.bound": line.bound})
+        return {"gflops_per_call": trained.flops / 1e9, **line.metrics()}
 
     def _log_model(
         self,

@@ -16,7 +16,7 @@ import torch
 from omegaconf import DictConfig
 from torch import nn
 
-from tuner.insight.graph import GraphDump
+from tuner.insight.graph import GraphDump, dispatched_graph
 from tuner.insight.profile import OpProfile, profile_torch
 from tuner.recipe import ModelRecipe
 from tuner.registry import Registry
@@ -72,8 +72,12 @@ class Backend:
         graph_from_weights: the artifact's graph depends on the trained weights (which nodes
             stay fp32, say), so its latency is not the architecture's: each artifact is timed
             on its own after training, and the study's latency table does not keep it.
-        graph: artifact -> its operator graph (`tuner.insight.graph`); None where the backend
-            ships no graph file to read.
+        graph: (artifact, its loaded callable, example inputs) -> its operator graph
+            (`tuner.insight.graph`): the operators one call dispatches unless the backend ships
+            a graph file to read; None where the backend's graph is generated code, not
+            operators (Inductor).
+        precision: what its matmuls and convolutions compute in (`fp32`, `bf16`, `int8`):
+            the machine peak its roofline is drawn against (`tuner.insight.roofline`).
         profile: (artifact, its loaded callable, example inputs, `deploy` config) -> one
             call's time by operator (`tuner.insight.profile`); PyTorch's profiler on the
             loaded callable unless the backend has a profiler of its own.
@@ -86,10 +90,13 @@ class Backend:
     modalities: frozenset[str] = frozenset({"text", "image"})
     describe: Callable[[Path], dict[str, Any]] = lambda artifact: {}
     graph_from_weights: bool = False
-    graph: Callable[[Path], GraphDump] | None = None
+    graph: Callable[[Path, Logits, ExampleInputs], GraphDump] | None = (
+        lambda artifact, logits_of, example: dispatched_graph(logits_of, example.tensors)
+    )
     profile: Callable[[Path, Logits, ExampleInputs, DictConfig], OpProfile] = (
         lambda artifact, logits_of, example, deploy: profile_torch(logits_of, example.tensors)
     )
+    precision: str = "fp32"
 
 
 BACKENDS: Registry[Backend] = Registry("deploy.backend")

@@ -33,5 +33,11 @@ def _load(artifact: Path, deploy: DictConfig) -> Logits:
 
 
 BACKENDS.register("bf16")(
-    Backend(name="bf16", export=_export, load=_load, unavailable_reason=native_bf16_unavailable)
+    Backend(
+        name="bf16",
+        export=_export,
+        load=_load,
+        unavailable_reason=native_bf16_unavailable,
+        precision="bf16",
+    )
 )

@@ -28,6 +28,10 @@ def _load(artifact: Path, deploy: DictConfig) -> Logits:
 
 BACKENDS.register("compile")(
     Backend(
-        name="compile", export=export_weights, load=_load, unavailable_reason=compile_unavailable
+        name="compile",
+        export=export_weights,
+        load=_load,
+        unavailable_reason=compile_unavailable,
+        graph=None,
     )
 )

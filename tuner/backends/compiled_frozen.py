@@ -39,5 +39,6 @@ BACKENDS.register("compile_frozen")(
         export=export_weights,
         load=_load,
         unavailable_reason=compile_unavailable,
+        graph=None,
     )
 )

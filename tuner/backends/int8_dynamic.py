@@ -39,5 +39,11 @@ def _load(artifact: Path, deploy: DictConfig) -> Logits:
 
 
 BACKENDS.register("int8_dynamic")(
-    Backend(name="int8_dynamic", export=_export, load=_load, unavailable_reason=_unavailable)
+    Backend(
+        name="int8_dynamic",
+        export=_export,
+        load=_load,
+        unavailable_reason=_unavailable,
+        precision="int8",
+    )
 )

@@ -106,5 +106,6 @@ BACKENDS.register("int8_static")(
         load=_load,
         unavailable_reason=_unavailable,
         modalities=frozenset({"image"}),
+        precision="int8",
     )
 )

@@ -140,8 +140,10 @@ def register_onnx_backend(
     modalities: frozenset[str] = frozenset({"text", "image"}),
     describe: Callable[[Path], dict[str, Any]] = lambda artifact: {},
     graph_from_weights: bool = False,
+    precision: str = "fp32",
 ) -> None:
-    """An ONNX Runtime backend: its own export, the shared session loader and availability."""
+    """An ONNX Runtime backend: its own export, the shared session loader and availability;
+    `precision` as in `Backend`."""
     BACKENDS.register(name)(
         Backend(
             name=name,
@@ -151,7 +153,8 @@ def register_onnx_backend(
             modalities=modalities,
             describe=describe,
             graph_from_weights=graph_from_weights,
-            graph=onnx_graph,
+            graph=lambda artifact, logits_of, example: onnx_graph(artifact),
+            precision=precision,
             profile=lambda artifact, logits_of, example, deploy: profile_session(
                 artifact, deploy, example.tensors
             ),

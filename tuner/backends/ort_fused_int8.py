@@ -38,5 +38,9 @@ def _export(model: nn.Module, ctx: ConversionContext) -> Path:
 
 
 register_onnx_backend(
-    "onnxruntime_fused_int8", _export, modalities=frozenset({"text"}), describe=read_notes
+    "onnxruntime_fused_int8",
+    _export,
+    modalities=frozenset({"text"}),
+    describe=read_notes,
+    precision="int8",
 )

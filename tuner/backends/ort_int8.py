@@ -28,4 +28,4 @@ def _export(model: nn.Module, ctx: ConversionContext) -> Path:
     return artifact
 
 
-register_onnx_backend("onnxruntime_int8", _export)
+register_onnx_backend("onnxruntime_int8", _export, precision="int8")

@@ -61,4 +61,6 @@ def _export(model: nn.Module, ctx: ConversionContext) -> Path:
     return artifact
 
 
-register_onnx_backend("onnxruntime_int8_static", _export, modalities=frozenset({"image"}))
+register_onnx_backend(
+    "onnxruntime_int8_static", _export, modalities=frozenset({"image"}), precision="int8"
+)

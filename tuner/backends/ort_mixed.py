@@ -132,4 +132,7 @@ def _export(model: nn.Module, ctx: ConversionContext) -> Path:
 
 
 # Which nodes stay fp32 follows the trained weights, and with them the speed.
-register_onnx_backend("onnxruntime_mixed", _export, describe=read_notes, graph_from_weights=True)
+# Mostly int8: the nodes kept in fp32 are the few the agreement needs.
+register_onnx_backend(
+    "onnxruntime_mixed", _export, describe=read_notes, graph_from_weights=True, precision="int8"
+)

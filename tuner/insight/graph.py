@@ -1,6 +1,10 @@
 """The operator graph of what ships: op counts by type and class, the count of layout and memory
 ops, and a readable listing, for the point's MLflow run (`graph/ops.json`, `graph/graph.txt`,
-metric `layout_ops`)."""
+metric `layout_ops`).
+
+An ONNX artifact's graph is read from its file. A PyTorch artifact has no graph file: its graph
+is traced from one call of the loaded artifact, as the operators it dispatches in order (below
+autograd, so composite operators appear as the kernels they run, quantized ones included)."""
 
 from __future__ import annotations
 
@@ -8,6 +12,9 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from tuner.insight.op_classes import LAYOUT, by_class, op_class
 
@@ -61,3 +68,40 @@ def onnx_graph(path: Path) -> GraphDump:
         for i, node in enumerate(nodes)
     ]
     return GraphDump(dict(Counter(node.op_type for node in nodes)), "\n".join(lines) + "\n")
+
+
+class _Dispatched(TorchDispatchMode):
+    """Records every operator dispatched while active, with its tensors' shapes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[str, str, str]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self.calls.append((str(func), _shapes(args), _shapes((out,))))
+        return out
+
+
+def _shapes(values) -> str:
+    found = []
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            found.append("x".join(map(str, value.shape)) or "scalar")
+        elif isinstance(value, (list, tuple)):
+            found += [s for s in _shapes(value).split(", ") if s]
+    return ", ".join(found)
+
+
+def dispatched_graph(logits_of, tensors: tuple[torch.Tensor, ...]) -> GraphDump:
+    """The dump of the operators one call of a loaded PyTorch artifact dispatches: op type
+    `namespace.op` (`aten.addmm`, `quantized.linear_dynamic`), its input and output shapes."""
+    recorder = _Dispatched()
+    with torch.inference_mode(), recorder:
+        logits_of(*tensors)
+    names = [func.rsplit(".", 1)[0] for func, _, _ in recorder.calls]
+    lines = [
+        f"{i:4d} {name}: {inputs} -> {outputs}"
+        for i, (name, (_, inputs, outputs)) in enumerate(zip(names, recorder.calls, strict=True))
+    ]
+    return GraphDump(dict(Counter(names)), "\n".join(lines) + "\n")

@@ -63,7 +63,7 @@ _MEMBERS: dict[str, frozenset[str]] = {
             "Add", "Sub", "Mul", "Div", "Pow", "Sqrt", "Neg", "Where", "Equal", "Not", "Less",
             "Greater", "And", "Or", "ReduceMean", "ReduceSum", "Max", "Min", "Abs", "Exp",
             "add", "add_", "sub", "rsub", "mul", "div", "pow", "sqrt", "neg", "where", "eq",
-            "masked_fill", "mean", "sum", "exp",
+            "masked_fill", "mean", "sum", "exp", "clamp", "clamp_min",
         }
     ),
     POOLING: frozenset(
@@ -79,6 +79,7 @@ _MEMBERS: dict[str, frozenset[str]] = {
             "ConstantOfShape", "Range", "ReorderInput", "ReorderOutput",
             "transpose", "permute", "view", "reshape", "_unsafe_view", "contiguous", "clone",
             "copy_", "_to_copy", "to", "cat", "slice", "select", "index_select", "embedding",
+            "gather",
             "expand", "unsqueeze", "squeeze", "flatten", "split", "t", "as_strided",
             "to_mkldnn", "to_dense",
         }
@@ -97,9 +98,9 @@ _CLASS_OF: Mapping[str, str] = {op: name for name, ops in _MEMBERS.items() for o
 def op_class(op_type: str) -> str:
     """The class of an op type: an ONNX op type (`MatMul`), an ONNX Runtime contrib op
     (`QAttention`) or a PyTorch operator, with or without its namespace and overload
-    (`aten::linear`, `aten.addmm.default`)."""
+    (`aten::linear`, `aten.addmm.default`, `quantized.linear_dynamic`)."""
     name = op_type.rsplit("::", 1)[-1]
-    if name.startswith("aten."):
+    if "." in name:  # `namespace.op` or `namespace.op.overload`; ONNX op types have no dots
         name = name.split(".")[1]
     return _CLASS_OF.get(name, OTHER)
 
