@@ -340,3 +340,21 @@ def test_a_points_insight_survives_its_trial_attribute():
     assert PointInsight.of_attr(insight.to_attr()) == insight
     assert PointInsight.of_attr(None) is None
     assert insight.top_classes(1) == [("matmul/conv", 1.5, 1.0)]
+
+
+def test_profiling_leaves_the_terminal_clean():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, torch\n"
+        "from tuner.insight.profile import profile_torch\n"
+        "profile_torch(torch.nn.Linear(8, 8), (torch.randn(2, 8),))\n"
+        "profile_torch(torch.nn.Linear(8, 8), (torch.randn(2, 8),))\n"
+        "print('after', file=sys.stderr)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    # No line of the profiler's own logging, and stderr works again afterwards.
+    assert result.stderr == "after\n"

@@ -46,7 +46,7 @@ def plot_profile_png(points: list[Point], title: str, path: Path) -> None:
 
     # Fastest at the top: matplotlib draws the first bar at the bottom.
     front = profiled_front(points)[::-1]
-    figure, axes = plt.subplots(figsize=(9, 1.2 + 0.45 * len(front)), dpi=120)
+    figure, axes = plt.subplots(figsize=(10, 1.6 + 0.45 * len(front)), dpi=120)
     labels = [_label(p) for p, _ in front]
     left = [0.0] * len(front)
     for name in OP_CLASSES:
@@ -57,7 +57,8 @@ def plot_profile_png(points: list[Point], title: str, path: Path) -> None:
     axes.set_xlabel("ms of one profiled call, by op class")
     axes.set_title(title)
     axes.grid(axis="x", alpha=0.3)
-    axes.legend(loc="lower right", fontsize=7, ncol=3)
+    # Beside the bars, never over them.
+    axes.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, title="op class")
     figure.tight_layout()
     figure.savefig(path)
     plt.close(figure)

@@ -6,10 +6,13 @@ MLflow run (`profile/ops.csv` and a metric per class)."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import sys
 import tempfile
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,11 +65,31 @@ class OpProfile:
         return {**per_class, "profile.total_ms": self.total_ms}
 
 
+@contextmanager
+def _native_logs_silenced() -> Iterator[None]:
+    """The process's stderr sent to /dev/null meanwhile: Kineto, under `torch.profiler`, writes
+    its own lines there from C++ on every profiled call (`profiler_start`, `profiler_stop`, and
+    on CPU-only machines an `ERROR` that no GPU was found), which would read as problems."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with open(os.devnull, "w") as null:
+        os.dup2(null.fileno(), 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
 def profile_torch(logits_of, tensors: tuple[torch.Tensor, ...]) -> OpProfile:
     """One call of a PyTorch callable under `torch.profiler` (CPU activities)."""
     from torch.profiler import ProfilerActivity, profile
 
-    with torch.inference_mode(), profile(activities=[ProfilerActivity.CPU]) as profiler:
+    with (
+        _native_logs_silenced(),
+        torch.inference_mode(),
+        profile(activities=[ProfilerActivity.CPU]) as profiler,
+    ):
         logits_of(*tensors)
     return OpProfile.of(
         (event.key, event.count, event.self_cpu_time_total / 1000)
