@@ -76,6 +76,36 @@ def test_image_study_trains_and_deploys_on_both_backends(image_study):
     assert parent.data.params["latency.input_shape"] == "1x1x8x8"
 
 
+def test_image_points_record_their_convolutions_and_roofline(image_study):
+    import json
+
+    path, _ = image_study
+    study = optuna.load_study(study_name=STUDY, storage=f"sqlite:///{path}/optuna.db")
+    client = MlflowClient(f"sqlite:///{path}/mlflow.db")
+    flops = {}
+    for point in study_points(study):
+        insight = point.insight
+        assert insight is not None and insight.profile_ms["matmul/conv"] > 0
+        assert insight.precision == ("int8" if point.backend == "int8_static" else "fp32")
+        flops.setdefault(point.trained_in_trial, set()).add(insight.flops)
+        ops = json.loads(
+            open(client.download_artifacts(point.mlflow_run_id, "graph/ops.json", str(path))).read()
+        )["ops"]
+        # The shipped model's convolutions: fp32 ones eagerly, quantised ones in int8.
+        convolutions = [op for op, found in ops.items() if found["class"] == "matmul/conv"]
+        if point.backend == "eager":
+            assert "aten.conv2d" in convolutions and "aten.batch_norm" in ops
+        else:
+            assert any(op.startswith("quantized.conv2d") for op in convolutions), convolutions
+        assert 0 < client.get_run(point.mlflow_run_id).data.metrics["roofline_fraction"] <= 1.5
+    # FLOPs are the architecture's: one count per trained model, and the teacher (#0, the
+    # full ResNet-18) does more arithmetic per call than a student narrowed or made shallower.
+    (teacher,), (student,) = flops[0], flops[max(flops)]
+    params = study.trials[max(flops)].params
+    shrunken = params.get("model.width_multiplier", 1.0) < 1 or params.get("model.depth", 2) < 2
+    assert teacher > student > 0 if shrunken else teacher == student
+
+
 def test_image_points_are_served_from_pixel_arrays(image_study):
     path, _ = image_study
     study = optuna.load_study(study_name=STUDY, storage=f"sqlite:///{path}/optuna.db")

@@ -358,3 +358,24 @@ def test_profiling_leaves_the_terminal_clean():
     )
     # No line of the profiler's own logging, and stderr works again afterwards.
     assert result.stderr == "after\n"
+
+
+def test_a_machine_whose_peaks_cannot_be_measured_leaves_points_without_a_roofline(
+    tmp_path, monkeypatch, capsys
+):
+    import optuna
+
+    import tuner.study
+    from tuner.insight.point import PointInsight
+
+    def no_int8_matmul(*args):
+        raise RuntimeError("_int_mm is not implemented on this CPU")
+
+    monkeypatch.setattr(tuner.study, "study_peak", no_int8_matmul)
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path}/s.db")
+    assert tuner.study.machine_peak(study, {"latency.cpu": "X"}, 1) is None
+    out = capsys.readouterr().out
+    assert "_int_mm is not implemented on this CPU" in out and "without their roofline" in out
+    # Its points keep everything else; the roofline reads as unknown, not as zero.
+    insight = PointInsight({"matmul/conv": 1.0}, 3, 2e9, "int8", "abc")
+    assert insight.roofline(10.0, 20.0, {}) is None
