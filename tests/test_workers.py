@@ -171,7 +171,7 @@ def test_a_killed_worker_s_trial_is_failed_and_retried_by_another(workdirs, post
         *QUICK_HEARTBEAT,
         "debug.overrides.train.epochs=200",
     )
-    victim.wait_for("training")
+    victim.wait_for("training step")
     survivor = Worker(workdirs / "w1", storage, tracking, total, *QUICK_HEARTBEAT)
     time.sleep(2)
     victim.process.send_signal(signal.SIGKILL)
@@ -212,7 +212,7 @@ def test_workers_ride_out_a_postgresql_restart(workdirs, postgres_database):
         for i in range(2)
     ]
     for worker in workers:
-        worker.wait_for("training")
+        worker.wait_for("training step")
     postgres_control("restart")
     for worker in workers:
         assert worker.finish() == 0, worker.output
@@ -223,7 +223,7 @@ def test_sqlite_refuses_a_second_worker(tmp_path):
     storage, tracking = f"sqlite:///{tmp_path}/optuna.db", f"sqlite:///{tmp_path}/mlflow.db"
     first = Worker(tmp_path, storage, tracking, "debug.overrides.train.epochs=200")
     try:
-        first.wait_for("training")
+        first.wait_for("training step")
         second = Worker(tmp_path, storage, tracking)
         assert second.finish() == 2
         assert "SQLite is not safe for parallel Optuna writers" in second.output
@@ -241,7 +241,7 @@ def test_interrupted_trial_is_failed_queued_and_resumed(tmp_path, stop, code):
     worker = Worker(
         tmp_path, storage, tracking, "debug.overrides.train.epochs=200", *QUICK_HEARTBEAT
     )
-    worker.wait_for("training")
+    worker.wait_for("training step")
     time.sleep(1)
     worker.process.send_signal(stop)
     assert worker.finish(timeout=120) == code, worker.output
@@ -263,6 +263,23 @@ def test_interrupted_trial_is_failed_queued_and_resumed(tmp_path, stop, code):
     # The configuration's params; the backend is decided once the model is deployed.
     assert {k: v for k, v in own[0].params.items() if k != "deploy.backend"} == interrupted.params
     assert len(study.get_trials(states=(TrialState.COMPLETE,))) == BACKENDS
+
+
+def test_a_stop_during_start_up_ends_cleanly_with_nothing_half_done(tmp_path):
+    storage, tracking = f"sqlite:///{tmp_path}/optuna.db", f"sqlite:///{tmp_path}/mlflow.db"
+    worker = Worker(tmp_path, storage, tracking)
+    # The study exists; the machine's peaks are being measured, no trial has started.
+    worker.wait_for("Created study")
+    worker.process.send_signal(signal.SIGTERM)
+    assert worker.finish(timeout=120) == 143, worker.output
+    assert "re-run the same command to resume" in worker.output
+    study = optuna.load_study(study_name=STUDY, storage=storage)
+    assert not [t for t in study.trials if t.state == TrialState.RUNNING]
+    # Resuming runs the study as if the stop had never happened.
+    again = Worker(tmp_path, storage, tracking, "debug.overrides.study.n_trials=1")
+    assert again.finish() == 0, again.output
+    study = optuna.load_study(study_name=STUDY, storage=storage)
+    assert len(study.get_trials(states=(TrialState.COMPLETE,))) >= BACKENDS
 
 
 def test_workers_started_together_with_the_default_tracking_store(workdirs, postgres_database):

@@ -14,7 +14,7 @@ from omegaconf import DictConfig
 from tuner.config import CONF_DIR, register_resolvers, search_space_sources
 from tuner.errors import ConfigError, StudyStopped
 from tuner.experiments import choose_an_experiment, experiments, help_text
-from tuner.recovery import Terminated
+from tuner.recovery import Terminated, interruptible
 
 register_resolvers()
 
@@ -27,11 +27,14 @@ def main(cfg: DictConfig) -> None:
     runtime = hydra_cfg.runtime
     roots = [Path(s.path) for s in runtime.config_sources if s.schema == "file"]
     try:
-        run_study(
-            cfg,
-            sources=search_space_sources(runtime.choices.get("experiment"), roots),
-            overrides=list(hydra_cfg.overrides.task),
-        )
+        # From the first step, so that a stop during start-up (reading data, measuring the
+        # machine) ends the same way as one during a trial.
+        with interruptible():
+            run_study(
+                cfg,
+                sources=search_space_sources(runtime.choices.get("experiment"), roots),
+                overrides=list(hydra_cfg.overrides.task),
+            )
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
