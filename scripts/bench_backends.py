@@ -52,8 +52,9 @@ from tuner.deploy import check_outputs, convert, graph_of, reference_of
 from tuner.edits import apply_edits
 from tuner.errors import ConfigError
 from tuner.front import study_points
+from tuner.insight.measure import flops_per_call, measure_peak
 from tuner.insight.op_classes import OP_CLASSES
-from tuner.insight.roofline import MachinePeak, flops_per_call, measure_peak, roofline
+from tuner.insight.roofline import MachinePeak, roofline
 from tuner.latency import LatencyProtocol, LatencyResult, cpu_model, time_rounds
 from tuner.models import build_model
 from tuner.recipe import ModelRecipe
@@ -356,10 +357,9 @@ def print_insight(
         line = roofline(
             roofs.flops, rows[name]["size_mb"] * 1e6, latencies[name].p50_ms, precision, roofs.peak
         )
-        bound = f"{precision} peak" if line.bound == "compute" else "bandwidth"
         print(
             f"| {name} | {latencies[name].p50_ms:.2f} | {profile.total_ms:.2f} | {classes} | "
-            f"{layout} | {line.fraction:.1%} of {line.attainable_gflops:.0f} ({bound}) | "
+            f"{layout} | {'-' if line is None else line.describe(precision)} | "
             f"{found['seconds']:.2f} |"
         )
 

@@ -200,7 +200,7 @@ def test_a_convolutional_graph_counts_its_convolutions_and_norms():
 def test_flops_per_call_count_two_per_multiply_add():
     import torch
 
-    from tuner.insight.roofline import flops_per_call
+    from tuner.insight.measure import flops_per_call
 
     model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 2))
     # Batch 8: 8 * (64 * 256 + 256 * 2) multiply-adds.
@@ -210,7 +210,7 @@ def test_flops_per_call_count_two_per_multiply_add():
 def test_flops_of_a_transformer_count_its_projections_ffn_and_attention(tiny_bert):
     import torch
 
-    from tuner.insight.roofline import flops_per_call
+    from tuner.insight.measure import flops_per_call
 
     ids, mask = torch.randint(0, 100, (1, 16)), torch.ones(1, 16, dtype=torch.long)
     tokens, hidden, ffn = 16, 32, 1536
@@ -239,10 +239,21 @@ def test_the_roofline_takes_the_lower_of_the_compute_and_memory_roofs():
     assert int8.bound == "memory"
     assert int8.attainable_gflops == pytest.approx(200.0)
     assert int8.metrics() == {"achieved_gflops": pytest.approx(100.0), "roofline_fraction": 0.5}
+    # No roof without FLOPs, weights, time or a peak for the precision.
+    assert roofline(0.0, 100e6, 20.0, "int8", peak) is None
+    assert roofline(2e9, 0.0, 20.0, "int8", peak) is None
+    assert roofline(2e9, 100e6, 20.0, "fp16", peak) is None
+
+
+def test_a_backend_names_a_precision_the_machine_has_a_peak_for():
+    from tuner.backends import Backend
+
+    with pytest.raises(ValueError, match="backend 'half': precision 'fp16' is not one of fp32"):
+        Backend(name="half", export=None, load=None, precision="fp16")
 
 
 def test_the_machines_peaks_are_measured_in_the_order_the_hardware_implies():
-    from tuner.insight.roofline import measure_peak
+    from tuner.insight.measure import measure_peak
 
     peak = measure_peak(threads=1)
     assert peak.threads == 1
@@ -256,7 +267,8 @@ def test_the_machines_peaks_are_measured_in_the_order_the_hardware_implies():
 def test_a_study_measures_its_machines_peak_once_and_keeps_it(tmp_path):
     import optuna
 
-    from tuner.insight.roofline import PEAK_ATTR_PREFIX, peak_key, study_peak
+    from tuner.insight.measure import study_peak
+    from tuner.insight.roofline import PEAK_ATTR_PREFIX, peak_key
 
     study = optuna.create_study(storage=f"sqlite:///{tmp_path}/s.db", directions=["maximize"])
     record = {"latency.cpu": "X", "latency.cpu_flags": "avx2", "latency.num_threads": 1}
@@ -300,7 +312,7 @@ def test_the_breakdown_puts_two_points_side_by_side_and_names_the_biggest_differ
     assert "norm" in text and "0.00 ms (0%)" in text  # eager's third class, none on #3
     # 2 GFLOP over 100 MB: 20 FLOP/byte x 10 GB/s = 200 GFLOP/s under the memory roof; int8's
     # compute roof is 400, so memory bounds #3: 200 GFLOP/s achieved in 10 ms, all of it.
-    assert "100.0% of 200 GFLOP/s (bandwidth)" in text
+    assert "100.0% of 200 GFLOP/s (memory bandwidth)" in text
     # fp32's roof (100) is the lower for eager: 50 GFLOP/s achieved in 40 ms.
     assert "50.0% of 100 GFLOP/s (fp32 peak)" in text
     assert biggest_difference(chosen, eager) == (
@@ -309,6 +321,10 @@ def test_the_breakdown_puts_two_points_side_by_side_and_names_the_biggest_differ
     )
     unprofiled = _point(4, "compile", 5.0, {})
     assert biggest_difference(unprofiled, eager) is None
+    alike = _point(5, "bf16", 30.0, {"matmul/conv": 30.0, "layout/memory": 5.0, "norm": 5.0})
+    assert biggest_difference(alike, eager).endswith(
+        "against 30.00 ms on #1 (eager): the same per call."
+    )
 
 
 def test_the_fronts_profile_picture_shows_each_profiled_front_point_by_class(tmp_path):

@@ -224,8 +224,11 @@ def logged_point(points: list[Point], trial_number: int) -> Point:
 
 
 def where_time_goes(point: Point, eager: Point | None, peaks: Mapping[str, MachinePeak]) -> None:
-    """The recommended point beside the most accurate eager one, by op class and roofline."""
+    """The recommended point beside the most accurate eager one, by op class and roofline;
+    nothing for points made before points kept their insight."""
     shown = [point] if eager is None or eager.trial_number == point.trial_number else [point, eager]
+    if all(p.insight is None for p in shown):
+        return
     console.console.print(breakdown(shown, peaks))
     difference = None if len(shown) == 1 else biggest_difference(point, shown[1])
     if difference:

@@ -39,7 +39,8 @@ from tuner.early_stopping import PruningSettings, sampler_view
 from tuner.edits import EDITS, SAME_EDIT
 from tuner.errors import ConfigError
 from tuner.front import Point, failures_of, front_note, points_of
-from tuner.insight.roofline import MachinePeak, study_peak
+from tuner.insight.measure import study_peak
+from tuner.insight.roofline import MachinePeak
 from tuner.latency import LatencyProtocol
 from tuner.latency_table import LatencyTable
 from tuner.modalities import MODALITIES, Modality

@@ -63,8 +63,9 @@ from tuner.front import (
     TEACHER_OF_ATTR,
     points_of,
 )
+from tuner.insight.measure import flops_per_call
 from tuner.insight.point import INSIGHT_ATTR, PointInsight
-from tuner.insight.roofline import MachinePeak, flops_per_call, peak_key
+from tuner.insight.roofline import MachinePeak, peak_key
 from tuner.latency import LatencyProtocol, LatencyResult, time_rounds
 from tuner.latency_table import LatencyTable, digest_of, latency_key, record_session
 from tuner.modalities import Modality

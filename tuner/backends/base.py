@@ -18,6 +18,7 @@ from torch import nn
 
 from tuner.insight.graph import GraphDump, dispatched_graph
 from tuner.insight.profile import OpProfile, profile_torch
+from tuner.insight.roofline import FP32, PRECISIONS
 from tuner.recipe import ModelRecipe
 from tuner.registry import Registry
 
@@ -96,7 +97,14 @@ class Backend:
     profile: Callable[[Path, Logits, ExampleInputs, DictConfig], OpProfile] = (
         lambda artifact, logits_of, example, deploy: profile_torch(logits_of, example.tensors)
     )
-    precision: str = "fp32"
+    precision: str = FP32
+
+    def __post_init__(self) -> None:
+        if self.precision not in PRECISIONS:
+            raise ValueError(
+                f"backend {self.name!r}: precision {self.precision!r} is not one of "
+                f"{', '.join(PRECISIONS)} (the peaks a roofline is drawn against)"
+            )
 
 
 BACKENDS: Registry[Backend] = Registry("deploy.backend")

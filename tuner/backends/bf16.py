@@ -13,6 +13,7 @@ from torch import nn
 from tuner.backends.base import BACKENDS, Backend, ConversionContext, Logits
 from tuner.backends.cpu import native_bf16_unavailable
 from tuner.backends.torch_files import load_weights, save_weights
+from tuner.insight.roofline import BF16
 
 
 def _export(model: nn.Module, ctx: ConversionContext) -> Path:
@@ -38,6 +39,6 @@ BACKENDS.register("bf16")(
         export=_export,
         load=_load,
         unavailable_reason=native_bf16_unavailable,
-        precision="bf16",
+        precision=BF16,
     )
 )

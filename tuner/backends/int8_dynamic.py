@@ -11,6 +11,7 @@ from torch import nn
 
 from tuner.backends.base import BACKENDS, Backend, ConversionContext, Logits
 from tuner.backends.torch_files import load_quantized, save_quantized
+from tuner.insight.roofline import INT8
 
 ENGINES = ("x86", "fbgemm", "onednn", "qnnpack")
 
@@ -44,6 +45,6 @@ BACKENDS.register("int8_dynamic")(
         export=_export,
         load=_load,
         unavailable_reason=_unavailable,
-        precision="int8",
+        precision=INT8,
     )
 )

@@ -32,6 +32,7 @@ from tuner.backends.base import (
 )
 from tuner.backends.int8_dynamic import ENGINES
 from tuner.backends.torch_files import load_quantized, save_quantized
+from tuner.insight.roofline import INT8
 
 
 def _engine() -> str | None:
@@ -106,6 +107,6 @@ BACKENDS.register("int8_static")(
         load=_load,
         unavailable_reason=_unavailable,
         modalities=frozenset({"image"}),
-        precision="int8",
+        precision=INT8,
     )
 )

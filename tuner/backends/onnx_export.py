@@ -19,6 +19,7 @@ from tuner.backends.base import BACKENDS, Backend, ConversionContext, Logits
 from tuner.backends.cpu import has_vnni
 from tuner.insight.graph import onnx_graph
 from tuner.insight.profile import profile_onnx
+from tuner.insight.roofline import FP32
 
 _NUMPY_TYPES = {"tensor(int64)": np.int64, "tensor(float)": np.float32}
 
@@ -140,7 +141,7 @@ def register_onnx_backend(
     modalities: frozenset[str] = frozenset({"text", "image"}),
     describe: Callable[[Path], dict[str, Any]] = lambda artifact: {},
     graph_from_weights: bool = False,
-    precision: str = "fp32",
+    precision: str = FP32,
 ) -> None:
     """An ONNX Runtime backend: its own export, the shared session loader and availability;
     `precision` as in `Backend`."""

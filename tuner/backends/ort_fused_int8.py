@@ -16,6 +16,7 @@ from tuner.backends.onnx_export import (
     quiet_root_logger,
     register_onnx_backend,
 )
+from tuner.insight.roofline import INT8
 
 
 def _export(model: nn.Module, ctx: ConversionContext) -> Path:
@@ -42,5 +43,5 @@ register_onnx_backend(
     _export,
     modalities=frozenset({"text"}),
     describe=read_notes,
-    precision="int8",
+    precision=INT8,
 )

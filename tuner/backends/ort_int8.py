@@ -16,6 +16,7 @@ from tuner.backends.onnx_export import (
     quiet_root_logger,
     register_onnx_backend,
 )
+from tuner.insight.roofline import INT8
 
 
 def _export(model: nn.Module, ctx: ConversionContext) -> Path:
@@ -28,4 +29,4 @@ def _export(model: nn.Module, ctx: ConversionContext) -> Path:
     return artifact
 
 
-register_onnx_backend("onnxruntime_int8", _export, precision="int8")
+register_onnx_backend("onnxruntime_int8", _export, precision=INT8)

@@ -21,6 +21,7 @@ from tuner.backends.onnx_export import (
     quiet_root_logger,
     register_onnx_backend,
 )
+from tuner.insight.roofline import INT8
 
 
 def _export(model: nn.Module, ctx: ConversionContext) -> Path:
@@ -62,5 +63,5 @@ def _export(model: nn.Module, ctx: ConversionContext) -> Path:
 
 
 register_onnx_backend(
-    "onnxruntime_int8_static", _export, modalities=frozenset({"image"}), precision="int8"
+    "onnxruntime_int8_static", _export, modalities=frozenset({"image"}), precision=INT8
 )

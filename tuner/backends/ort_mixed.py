@@ -26,6 +26,7 @@ from tuner.backends.onnx_export import (
     quiet_root_logger,
     register_onnx_backend,
 )
+from tuner.insight.roofline import INT8
 
 # Op type -> the input holding the weight that ONNX Runtime's dynamic quantiser makes int8
 # (a matmul's right operand, a convolution's kernel, an embedding table).
@@ -134,5 +135,5 @@ def _export(model: nn.Module, ctx: ConversionContext) -> Path:
 # Which nodes stay fp32 follows the trained weights, and with them the speed.
 # Mostly int8: the nodes kept in fp32 are the few the agreement needs.
 register_onnx_backend(
-    "onnxruntime_mixed", _export, describe=read_notes, graph_from_weights=True, precision="int8"
+    "onnxruntime_mixed", _export, describe=read_notes, graph_from_weights=True, precision=INT8
 )

@@ -9,9 +9,11 @@ from collections.abc import Mapping, Sequence
 from rich.table import Table
 
 from tuner.front import Point
+from tuner.insight.op_classes import OP_CLASSES
 from tuner.insight.roofline import MachinePeak
 
-# Classes shown per point: its own top ones, all of them listed for every column.
+# The table's class rows: the union of each point's top this many classes, so every column
+# shows the classes that matter for either point.
 TOP_CLASSES = 3
 
 
@@ -44,7 +46,7 @@ def breakdown(points: Sequence[Point], peaks: Mapping[str, MachinePeak]) -> Tabl
 
 
 def _profiled(point: Point) -> bool:
-    return point.insight is not None and bool(point.insight.profile_ms)
+    return point.insight is not None and point.insight.profiled
 
 
 def _class_cell(point: Point, name: str) -> str:
@@ -70,8 +72,7 @@ def _roofline_cell(point: Point, peaks: Mapping[str, MachinePeak]) -> str:
     if line is None:
         return "-"
     assert point.insight is not None
-    roof = f"{point.insight.precision} peak" if line.bound == "compute" else "bandwidth"
-    return f"{line.fraction:.1%} of {line.attainable_gflops:.0f} GFLOP/s ({roof})"
+    return line.describe(point.insight.precision)
 
 
 def biggest_difference(chosen: Point, reference: Point) -> str | None:
@@ -82,11 +83,17 @@ def biggest_difference(chosen: Point, reference: Point) -> str | None:
     mine, theirs = chosen.insight.profile_ms, reference.insight.profile_ms
     if not mine or not theirs:
         return None
-    name = max(set(mine) | set(theirs), key=lambda c: abs(mine.get(c, 0.0) - theirs.get(c, 0.0)))
+    # In the classes' fixed order, so that a tie always names the same class.
+    classes = [c for c in OP_CLASSES if c in mine or c in theirs]
+    name = max(classes, key=lambda c: abs(mine.get(c, 0.0) - theirs.get(c, 0.0)))
     a, b = mine.get(name, 0.0), theirs.get(name, 0.0)
-    change = "less" if a < b else "more"
+    change = (
+        "the same"
+        if round(a, 2) == round(b, 2)
+        else f"{abs(a - b):.2f} ms " + ("less" if a < b else "more")
+    )
     return (
         f"Biggest difference: {name}, {a:.2f} ms on #{chosen.trial_number} ({chosen.backend}) "
         f"against {b:.2f} ms on #{reference.trial_number} ({reference.backend}): "
-        f"{abs(a - b):.2f} ms {change} per call."
+        f"{change} per call."
     )

@@ -3,8 +3,9 @@ ops, and a readable listing, for the point's MLflow run (`graph/ops.json`, `grap
 metric `layout_ops`).
 
 An ONNX artifact's graph is read from its file. A PyTorch artifact has no graph file: its graph
-is traced from one call of the loaded artifact, as the operators it dispatches in order (below
-autograd, so composite operators appear as the kernels they run, quantized ones included)."""
+is traced from one call of the loaded artifact (under inference mode), as the operators it
+dispatches in order, each as called (`aten.linear`, not the matmul it runs), quantized kernels
+included."""
 
 from __future__ import annotations
 

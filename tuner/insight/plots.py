@@ -26,11 +26,7 @@ _CLASS_COLOURS = dict(
 
 def profiled_front(points: list[Point]) -> list[tuple[Point, PointInsight]]:
     """The front's points that carry a profile, fastest first, each with its insight."""
-    front = [
-        (p, p.insight)
-        for p in points
-        if p.pareto and p.insight is not None and p.insight.profile_ms
-    ]
+    front = [(p, p.insight) for p in points if p.pareto and p.insight and p.insight.profiled]
     return sorted(front, key=lambda pair: pair[0].latency_ms_p50)
 
 
@@ -77,7 +73,8 @@ def plot_profile_html(points: list[Point], title: str, path: Path) -> None:
             continue
         hover = [
             f"{name}: {ms:.2f} ms ({ms / (insight.profiled_ms or 1):.0%})<br>"
-            f"latency p50 {p.latency_ms_p50:.2f} ms, layout ops {insight.layout_ops}"
+            f"latency p50 {p.latency_ms_p50:.2f} ms, layout ops "
+            f"{'-' if insight.layout_ops is None else insight.layout_ops}"
             for (p, insight), ms in zip(front, widths, strict=True)
         ]
         figure.add_trace(

@@ -48,6 +48,10 @@ class PointInsight:
         )
 
     @property
+    def profiled(self) -> bool:
+        return bool(self.profile_ms)
+
+    @property
     def profiled_ms(self) -> float:
         return sum(self.profile_ms.values())
 
@@ -63,6 +67,6 @@ class PointInsight:
         """The point against its machine's roofline, or None when something it needs is
         missing (FLOPs not counted, no peak for its machine, no artifact size)."""
         peak = peaks.get(self.peak_key or "")
-        if self.flops is None or peak is None or not weight_mb > 0 or not latency_ms > 0:
+        if self.flops is None or peak is None:
             return None
         return roofline(self.flops, weight_mb * 1e6, latency_ms, self.precision, peak)

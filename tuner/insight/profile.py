@@ -69,7 +69,9 @@ class OpProfile:
 def _native_logs_silenced() -> Iterator[None]:
     """The process's stderr sent to /dev/null meanwhile: Kineto, under `torch.profiler`, writes
     its own lines there from C++ on every profiled call (`profiler_start`, `profiler_stop`, and
-    on CPU-only machines an `ERROR` that no GPU was found), which would read as problems."""
+    on CPU-only machines an `ERROR` that no GPU was found), which would read as problems.
+    Anything else written to stderr meanwhile (a warning from the model's own call) is lost
+    too; the window is one call."""
     sys.stderr.flush()
     saved = os.dup(2)
     with open(os.devnull, "w") as null:

@@ -1,41 +1,27 @@
-"""How close a point comes to what the machine can do.
+"""How close a point comes to what the machine can do: the machine's peaks, and a point's
+achieved throughput against the roofline they draw.
 
-The machine's peaks are measured once per study and machine, under the latency protocol's
-thread count: GEMM throughput in fp32, bf16 and int8 (int8 x int8 -> int32) and memory bandwidth
-(a large copy). A model's FLOPs per call are counted on its eager model (`FlopCounterMode`:
-matmuls, convolutions and attention), the same for every backend of one architecture. A point's
-achieved throughput is those FLOPs over its p50 latency; the roofline's attainable throughput is
-the smaller of the peak of the precision its backend computes in and its arithmetic intensity
-(FLOPs per byte of weights read per call, a lower bound on the traffic at batch 1) times the
-bandwidth. `roofline_fraction` is their ratio: near 1, the kernels run at the machine's limit;
-far below, time goes to something other than arithmetic (layout ops, dispatch, small shapes).
+A point's achieved throughput is its architecture's FLOPs per call over its p50 latency; the
+roofline's attainable throughput is the smaller of the peak of the precision its backend
+computes in and its arithmetic intensity (FLOPs per byte of weights read per call, a lower
+bound on the traffic at batch 1) times the bandwidth. `roofline_fraction` is their ratio: near
+1, the kernels run at the machine's limit; far below, time goes to something other than
+arithmetic (layout ops, dispatch, small shapes). Measuring the peaks and counting FLOPs is
+`tuner.insight.measure`'s job; this module needs no torch, so the front can read it.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
-
-import torch
-from torch import nn
-
-from tuner.latency import pinned_threads
 
 FP32, BF16, INT8 = "fp32", "bf16", "int8"
 PRECISIONS = (FP32, BF16, INT8)
 # The study user attribute holding the peaks measured on one machine (its digest follows).
 PEAK_ATTR_PREFIX = "machine_peak:"
-
-# Square GEMMs this large keep every core busy and run at the kernels' best rate.
-_GEMM_SIZE = 1024
-# Bytes copied per bandwidth sample: far beyond any last-level cache.
-_COPY_BYTES = 256 * 2**20
-# Each peak is the best of repeated samples over at least this long.
-_SAMPLE_SECONDS = 0.3
 
 
 @dataclass(frozen=True)
@@ -81,11 +67,23 @@ class Roofline:
     def metrics(self) -> dict[str, float]:
         return {"achieved_gflops": self.achieved_gflops, "roofline_fraction": self.fraction}
 
+    def describe(self, precision: str) -> str:
+        """E.g. `29.5% of 721 GFLOP/s (int8 peak)`, or `(memory bandwidth)` where that roof
+        is the lower."""
+        roof = f"{precision} peak" if self.bound == "compute" else "memory bandwidth"
+        return f"{self.fraction:.1%} of {self.attainable_gflops:.0f} GFLOP/s ({roof})"
+
 
 def roofline(
     flops: float, weight_bytes: float, latency_ms: float, precision: str, peak: MachinePeak
-) -> Roofline:
-    """Where a call of `flops` over `weight_bytes` of weights taking `latency_ms` stands."""
+) -> Roofline | None:
+    """Where a call of `flops` over `weight_bytes` of weights taking `latency_ms` stands; None
+    where a roof cannot be drawn (no FLOPs, no weights, no time, or no peak measured for the
+    precision)."""
+    if not (flops > 0 and weight_bytes > 0 and latency_ms > 0):
+        return None
+    if not peak.gemm_gflops.get(precision, 0) > 0 or not peak.bandwidth_gbs > 0:
+        return None
     compute = peak.gemm_gflops[precision]
     memory = flops / weight_bytes * peak.bandwidth_gbs
     return Roofline(
@@ -93,66 +91,6 @@ def roofline(
         attainable_gflops=min(compute, memory),
         bound="compute" if compute <= memory else "memory",
     )
-
-
-def _cpu_attention_flops(query, key, value, *args, out_shape=None, **kwargs) -> int:
-    """Q K^T and the weighted sum of V, from the shapes (batch, heads, sequence, head dim)."""
-    batch, heads, queries, depth = query
-    keys = key[-2]
-    return 2 * batch * heads * queries * keys * (depth + value[-1])
-
-
-def flops_per_call(model: nn.Module, tensors: tuple[torch.Tensor, ...]) -> float:
-    """Floating-point operations of one eager call on `tensors` (a multiply-add counts two)."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    # PyTorch counts its GPU attention kernels but not the CPU one attention dispatches to here.
-    counter = FlopCounterMode(
-        display=False,
-        custom_mapping={
-            torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _cpu_attention_flops
-        },
-    )
-    with torch.inference_mode(), counter:
-        model.eval()(*tensors)
-    return float(counter.get_total_flops())
-
-
-def _best_rate(work: float, run: Callable[[], object]) -> float:
-    """`work` units per second of `run`, the best of samples taken over `_SAMPLE_SECONDS`."""
-    run()  # warm-up: allocation and kernel selection
-    best, spent = 0.0, 0.0
-    while spent < _SAMPLE_SECONDS or best == 0.0:
-        started = time.perf_counter()
-        run()
-        seconds = time.perf_counter() - started
-        spent += seconds
-        best = max(best, work / seconds)
-    return best
-
-
-def _gemm(precision: str) -> Callable[[], object]:
-    n = _GEMM_SIZE
-    if precision == INT8:
-        a = torch.randint(-128, 128, (n, n), dtype=torch.int8)
-        b = torch.randint(-128, 128, (n, n), dtype=torch.int8)
-        return lambda: torch._int_mm(a, b)
-    dtype = torch.bfloat16 if precision == BF16 else torch.float32
-    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
-    return lambda: torch.mm(a, b)
-
-
-def measure_peak(threads: int) -> MachinePeak:
-    """The machine's GEMM peaks and bandwidth under `threads` threads (about 1-2 s)."""
-    with pinned_threads(threads), torch.inference_mode():
-        gemm = {
-            precision: _best_rate(2 * _GEMM_SIZE**3, _gemm(precision)) / 1e9
-            for precision in PRECISIONS
-        }
-        source = torch.empty(_COPY_BYTES // 4, dtype=torch.float32).fill_(1.0)
-        target = torch.empty_like(source)
-        bandwidth = _best_rate(2 * _COPY_BYTES, lambda: target.copy_(source)) / 1e9
-    return MachinePeak(gemm, bandwidth, threads)
 
 
 def peak_key(protocol_record: Mapping[str, Any]) -> str:
@@ -173,15 +111,3 @@ def stored_peaks(user_attrs: Mapping[str, Any]) -> dict[str, MachinePeak]:
         for name, value in user_attrs.items()
         if name.startswith(PEAK_ATTR_PREFIX) and isinstance(value, Mapping)
     }
-
-
-def study_peak(study, protocol_record: Mapping[str, Any], threads: int) -> MachinePeak:
-    """The study's peak for this machine: measured the first time the machine runs the study,
-    then read back by every worker and resume. Stored in one write, so a worker stopped while
-    measuring leaves nothing half-done."""
-    key = peak_key(protocol_record)
-    peak = stored_peaks(study.user_attrs).get(key)
-    if peak is None:
-        peak = measure_peak(threads)
-        study.set_user_attr(f"{PEAK_ATTR_PREFIX}{key}", peak.to_attr())
-    return peak
