@@ -380,6 +380,30 @@ def test_mixed_precision_keeps_the_layer_int8_hurts_most_in_fp32(text_subject, t
     assert result.error is None and result.notes["fp32_nodes"] == []
 
 
+@pytest.mark.parametrize(("allow_spinning", "entry"), [(False, "0"), (True, "1")])
+def test_onnx_runtime_sessions_spin_only_where_the_config_says(allow_spinning, entry, tmp_path):
+    import onnx
+    from onnx import TensorProto, helper
+
+    from tuner.backends.onnx_export import open_session
+
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])],
+        "relu",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3])],
+    )
+    path = tmp_path / "relu.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    deploy = OmegaConf.merge(DEPLOY, {"onnx": {"allow_spinning": allow_spinning}})
+    session, feeds_of = open_session(path, deploy)
+    options = session.get_session_options()
+    assert options.get_session_config_entry("session.intra_op.allow_spinning") == entry
+    assert options.intra_op_num_threads == 2
+    (y,) = session.run(None, feeds_of((torch.tensor([[-1.0, 0.0, 2.0]]),)))
+    assert y.tolist() == [[0.0, 0.0, 2.0]]
+
+
 def test_int8_backends_make_smaller_artifacts(tiny_bert, val_data, tmp_path):
     sizes = {
         name: _deploy(name, tiny_bert, val_data, tmp_path / name).model_size_mb

@@ -88,6 +88,7 @@ def test_recorded_flags_are_the_cpus_vector_instruction_sets():
         ("deploy.onnx.int8.reduce_range", "sometimes", "must be auto, true or false"),
         ("deploy.onnx.int8.weight_type", "int4", "must be int8 or uint8"),
         ("deploy.onnx.int8.per_channel", "yes", "must be true or false"),
+        ("deploy.onnx.allow_spinning", "often", "must be true or false"),
     ],
 )
 def test_bad_int8_settings_are_refused_naming_the_key(key, value, rule):

@@ -137,7 +137,8 @@ def test_onnx_runtimes_profiler_sees_each_node_of_the_graph(tmp_path):
 
     from tuner.backends.onnx_export import profile_session
 
-    deploy = OmegaConf.create({"latency": {"num_threads": 1}})
+    shipped = OmegaConf.load(Path(__file__).parent.parent / "conf" / "deploy" / "default.yaml")
+    deploy = OmegaConf.merge(shipped, {"latency": {"num_threads": 1}})
     graph = _small_graph(tmp_path / "small.onnx")
     profile = profile_session(graph, deploy, (torch.ones(2, 3),))
     # One call: each of the five nodes once.
@@ -252,6 +253,20 @@ def test_a_backend_names_a_precision_the_machine_has_a_peak_for():
         Backend(name="half", export=None, load=None, precision="fp16")
 
 
+def test_a_backend_without_a_graph_says_why_on_its_points():
+    from tuner.backends import Backend
+    from tuner.deploy import graph_of
+
+    with pytest.raises(ValueError, match="backend 'opaque': a backend names either how to"):
+        Backend(name="opaque", export=None, load=None, graph=None)
+    with pytest.raises(ValueError, match="backend 'both': .* not both or neither"):
+        Backend(name="both", export=None, load=None, no_graph_reason="generated code")
+    opaque = Backend(
+        name="opaque", export=None, load=None, graph=None, no_graph_reason="runs generated code"
+    )
+    assert graph_of(opaque, None, None, None) == (None, "opaque runs generated code")
+
+
 def test_the_machines_peaks_are_measured_in_the_order_the_hardware_implies():
     from tuner.insight.measure import measure_peak
 
@@ -262,6 +277,23 @@ def test_the_machines_peaks_are_measured_in_the_order_the_hardware_implies():
     assert 1 < peak.gemm_gflops["fp32"] < 10_000
     assert 0.5 < peak.bandwidth_gbs < 1_000
     assert set(peak.gemm_gflops) == {"fp32", "bf16", "int8"}
+
+
+def test_a_precision_whose_gemm_cannot_run_is_left_out_of_the_peak(monkeypatch):
+    import torch
+
+    from tuner.insight import measure
+    from tuner.insight.roofline import roofline
+
+    def no_int8_kernel(a, b):
+        raise RuntimeError("_int_mm: no kernel for this CPU")
+
+    monkeypatch.setattr(torch, "_int_mm", no_int8_kernel)
+    peak = measure.measure_peak(threads=1)
+    assert set(peak.gemm_gflops) == {"fp32", "bf16"}
+    # Its points have no roof; the other precisions' still do.
+    assert roofline(2e9, 100e6, 20.0, "int8", peak) is None
+    assert roofline(2e9, 100e6, 20.0, "fp32", peak) is not None
 
 
 def test_a_study_measures_its_machines_peak_once_and_keeps_it(tmp_path):

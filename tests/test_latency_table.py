@@ -92,6 +92,8 @@ def test_backend_settings_protocol_and_machine_are_in_the_key():
     base = _digest(_model())
     assert _digest(_model(), backend="onnxruntime") != base
     assert _digest(_model(), deploy=OmegaConf.merge(DEPLOY, {"onnx": {"opset": 18}})) != base
+    spinning = OmegaConf.merge(DEPLOY, {"onnx": {"allow_spinning": True}})
+    assert _digest(_model(), deploy=spinning) != base
     assert _digest(_model(), record={**PROTOCOL_RECORD, "latency.seq_len": 32}) != base
     assert _digest(_model(), record={**PROTOCOL_RECORD, "latency.cpu_flags": "avx512f"}) != base
 

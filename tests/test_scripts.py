@@ -170,3 +170,26 @@ def test_bench_distill_compares_each_loss_with_plain_training(tmp_path):
     # Each distilled row's gain is its accuracy minus plain training's, in points.
     for row, loss in zip(cells[1:], [(0.5, 0.0), (0.5, 1.0)], strict=True):
         assert row[4] == f"{100 * (accuracy[loss] - accuracy[0.0, 0.0]):+.2f}"
+
+
+def test_bench_repeatability_times_each_variant_in_fresh_processes_taking_turns(tmp_path):
+    variants = ["onnx.allow_spinning=true", "onnx.allow_spinning=false"]
+    result = run_script(
+        "bench_repeatability.py",
+        *("--ffn-width", "256", "--num-layers", "1", "--backends", "eager", "onnxruntime"),
+        *("--variants", *variants, "--measurements", "2", "--rounds", "1", "--repeats", "2"),
+        cwd=tmp_path,
+    )
+    rows = table_cells(result.stdout)
+    assert rows[0][:2] == ["variant", "backend"]
+    body = rows[2:]
+    assert [row[:2] for row in body] == [[v, b] for v in variants for b in ("eager", "onnxruntime")]
+    for row in body:
+        low, high = (float(ms) for ms in row[3].split("-"))
+        assert low <= float(row[2]) <= high
+        # Two measurements make one (earlier, later) pair.
+        assert row[4].endswith("/1")
+    # One line per measurement, the variants taking turns in alternating order.
+    lines = [line for line in result.stderr.splitlines() if ": eager " in line]
+    measured = [line.split()[1].rstrip(":") for line in lines]
+    assert measured == [variants[i] for i in (0, 1, 1, 0)]

@@ -108,6 +108,7 @@ VALUE_RULES: dict[str, Rule] = {
     ),
     "deploy.onnx.int8.weight_type": (lambda v: v in ("int8", "uint8"), "must be int8 or uint8"),
     "deploy.onnx.int8.per_channel": BOOLEAN,
+    "deploy.onnx.allow_spinning": BOOLEAN,
     "deploy.calibration_samples": POSITIVE_INT,
     "deploy.mixed.min_agreement": (
         lambda v: _number(v) and 0 <= v <= 1,

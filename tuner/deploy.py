@@ -221,10 +221,7 @@ def graph_of(
 ) -> tuple[GraphDump | None, str | None]:
     """The artifact's operator graph, or None and the reason there is none."""
     if backend.graph is None:
-        return None, (
-            f"{backend.name} runs code Inductor generates when the artifact is loaded: its "
-            "kernels are no operator graph to dump (its profile names them)"
-        )
+        return None, f"{backend.name} {backend.no_graph_reason}"
     graph = backend.graph
     return _or_reason(lambda: graph(artifact, logits_of, example))
 

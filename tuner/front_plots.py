@@ -7,20 +7,16 @@ from __future__ import annotations
 from pathlib import Path
 
 from tuner.front import Point
+from tuner.palette import colours_for
 
 # Per status: opacity, and marker names in matplotlib and plotly.
 _OPACITY = {"pareto": 1.0, "dominated": 0.3, "infeasible": 0.3}
 _MPL_MARKER = {"pareto": "o", "dominated": "o", "infeasible": "x"}
 _PLOTLY_SYMBOL = {"pareto": "circle", "dominated": "circle", "infeasible": "x"}
-_PALETTE = (
-    "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
-    "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf",
-)  # fmt: skip
 
 
 def _colours(points: list[Point]) -> dict[str, str]:
-    backends = sorted({p.backend for p in points})
-    return {b: _PALETTE[i % len(_PALETTE)] for i, b in enumerate(backends)}
+    return colours_for(sorted({p.backend for p in points}))
 
 
 def _front(points: list[Point]) -> list[Point]:

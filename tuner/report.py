@@ -12,7 +12,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ from tuner import console
 from tuner.config import apply_debug, compose_config, resolve
 from tuner.console import eager_point_of
 from tuner.constraints import Baseline, Constraints, baseline_of
-from tuner.data import load_splits
+from tuner.data import Splits, load_splits
 from tuner.errors import ConfigError
 from tuner.front import Point, failures_of, points_of
 from tuner.insight.compare import biggest_difference, breakdown
@@ -143,14 +144,16 @@ def study_settings(
     return constraints, data_cfg
 
 
-def test_accuracy(point: Point, data_cfg: DictConfig, client: mlflow.MlflowClient) -> float:
+def test_accuracy(
+    point: Point, splits_of: Callable[[], Splits], client: mlflow.MlflowClient
+) -> float:
     """The point's accuracy on the test split, evaluated once and kept on its MLflow run."""
     assert point.model_uri is not None and point.mlflow_run_id is not None
     recorded = client.get_run(point.mlflow_run_id).data.metrics.get(TEST_METRIC)
     if recorded is not None:
         console.console.print(f"Test accuracy was evaluated before; reusing {recorded:.4f}.")
         return recorded
-    splits = load_splits(data_cfg)
+    splits = splits_of()
     console.console.print(
         f"Evaluating trial #{point.trial_number} ({point.backend}) on {len(splits.test)} "
         "held-out test examples ..."
@@ -235,11 +238,13 @@ def where_time_goes(point: Point, eager: Point | None, peaks: Mapping[str, Machi
         console.console.print(difference)
 
 
-def profile_on_demand(point: Point, data_cfg: DictConfig, client: mlflow.MlflowClient) -> None:
+def profile_on_demand(
+    point: Point, splits_of: Callable[[], Splits], client: mlflow.MlflowClient
+) -> None:
     """Print a fresh profile of the point's logged model."""
     assert point.model_uri is not None and point.mlflow_run_id is not None
     params = client.get_run(point.mlflow_run_id).data.params
-    splits = load_splits(data_cfg)
+    splits = splits_of()
     console.console.print(f"Profiling trial #{point.trial_number} ({point.backend}) ...")
     found = profile_logged(point.model_uri, splits.val.items, params)
     console.console.print(op_table(found))
@@ -251,6 +256,8 @@ def report(args: argparse.Namespace) -> int:
     cfg = resolve(apply_debug(compose_config(args.overrides), override_keys(args.overrides)))
     study = load_study(cfg)
     constraints, data_cfg = study_settings(study, cfg, override_keys(args.overrides))
+    # Read on first use, once: the test accuracy and a profile may both need the data.
+    splits_of = cache(lambda: load_splits(data_cfg))
     mlflow.set_tracking_uri(str(cfg.tracking.uri))
     client = mlflow.MlflowClient(str(cfg.tracking.uri))
     trials = study.get_trials(deepcopy=False)
@@ -268,9 +275,9 @@ def report(args: argparse.Namespace) -> int:
     else:
         console.recommendation(point, rule.describe())
         where_time_goes(point, eager_point_of(points, baseline), stored_peaks(study.user_attrs))
-        status = check_and_export(args, study, point, rule, data_cfg, client)
+        status = check_and_export(args, study, point, rule, splits_of, client)
     if to_profile is not None:
-        profile_on_demand(to_profile, data_cfg, client)
+        profile_on_demand(to_profile, splits_of, client)
     return status
 
 
@@ -298,7 +305,7 @@ def check_and_export(
     study: optuna.Study,
     point: Point,
     rule: Rule,
-    data_cfg: DictConfig,
+    splits_of: Callable[[], Splits],
     client: mlflow.MlflowClient,
 ) -> int:
     """The recommended point's test accuracy, and its export where asked."""
@@ -311,7 +318,7 @@ def check_and_export(
         if args.export:
             raise ConfigError(f"Invalid option --export: trial #{point.trial_number} has no model")
         return 0
-    accuracy = None if args.skip_test else test_accuracy(point, data_cfg, client)
+    accuracy = None if args.skip_test else test_accuracy(point, splits_of, client)
     if accuracy is not None:
         console.console.print(
             f"Test accuracy {accuracy:.4f} (validation {point.val_accuracy:.4f}); logged as "

@@ -75,8 +75,9 @@ class Backend:
             on its own after training, and the study's latency table does not keep it.
         graph: (artifact, its loaded callable, example inputs) -> its operator graph
             (`tuner.insight.graph`): the operators one call dispatches unless the backend ships
-            a graph file to read; None where the backend's graph is generated code, not
-            operators (Inductor).
+            a graph file to read; None where there is no operator graph to dump, with the
+            reason in `no_graph_reason`.
+        no_graph_reason: why a backend without `graph` has none (recorded on its points).
         precision: what its matmuls and convolutions compute in (`fp32`, `bf16`, `int8`):
             the machine peak its roofline is drawn against (`tuner.insight.roofline`).
         profile: (artifact, its loaded callable, example inputs, `deploy` config) -> one
@@ -94,6 +95,7 @@ class Backend:
     graph: Callable[[Path, Logits, ExampleInputs], GraphDump] | None = (
         lambda artifact, logits_of, example: dispatched_graph(logits_of, example.tensors)
     )
+    no_graph_reason: str | None = None
     profile: Callable[[Path, Logits, ExampleInputs, DictConfig], OpProfile] = (
         lambda artifact, logits_of, example, deploy: profile_torch(logits_of, example.tensors)
     )
@@ -104,6 +106,11 @@ class Backend:
             raise ValueError(
                 f"backend {self.name!r}: precision {self.precision!r} is not one of "
                 f"{', '.join(PRECISIONS)} (the peaks a roofline is drawn against)"
+            )
+        if (self.graph is None) != (self.no_graph_reason is not None):
+            raise ValueError(
+                f"backend {self.name!r}: a backend names either how to read its graph or why "
+                "it has none (`graph` or `no_graph_reason`), not both or neither"
             )
 
 

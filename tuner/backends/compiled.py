@@ -15,6 +15,12 @@ from omegaconf import DictConfig
 from tuner.backends.base import BACKENDS, Backend, Logits
 from tuner.backends.torch_files import export_weights, load_weights
 
+# Why the compiled backends' points have no operator graph.
+INDUCTOR_KERNELS = (
+    "runs code Inductor generates when the artifact is loaded: its kernels are no operator "
+    "graph to dump (its profile names them)"
+)
+
 
 def compile_unavailable() -> str | None:
     if not any(shutil.which(compiler) for compiler in ("c++", "g++", "clang++")):
@@ -33,5 +39,6 @@ BACKENDS.register("compile")(
         load=_load,
         unavailable_reason=compile_unavailable,
         graph=None,
+        no_graph_reason=INDUCTOR_KERNELS,
     )
 )

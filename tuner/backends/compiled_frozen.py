@@ -19,7 +19,7 @@ import torch
 from omegaconf import DictConfig
 
 from tuner.backends.base import BACKENDS, Backend, Logits
-from tuner.backends.compiled import compile_unavailable
+from tuner.backends.compiled import INDUCTOR_KERNELS, compile_unavailable
 from tuner.backends.torch_files import export_weights, load_weights
 
 
@@ -40,5 +40,6 @@ BACKENDS.register("compile_frozen")(
         load=_load,
         unavailable_reason=compile_unavailable,
         graph=None,
+        no_graph_reason=INDUCTOR_KERNELS,
     )
 )

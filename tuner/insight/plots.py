@@ -10,18 +10,10 @@ from pathlib import Path
 from tuner.front import Point
 from tuner.insight.op_classes import OP_CLASSES
 from tuner.insight.point import PointInsight
+from tuner.palette import colours_for
 
-# One colour per op class, the same in every study's picture.
-_CLASS_COLOURS = dict(
-    zip(
-        OP_CLASSES,
-        (
-            "#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd",
-            "#8c564b", "#7f7f7f", "#e377c2", "#bcbd22",
-        ),
-        strict=True,
-    )
-)  # fmt: skip
+# One colour per op class, the same in every study's picture; the second class (attention) red.
+_CLASS_COLOURS = colours_for(OP_CLASSES, order=(0, 3, 2, 1, 4, 5, 7, 6, 8))
 
 
 def profiled_front(points: list[Point]) -> list[tuple[Point, PointInsight]]:
