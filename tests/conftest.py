@@ -14,6 +14,7 @@ from torch import nn
 
 from tuner.backends import ExampleInputs
 from tuner.data.batches import Encoded
+from tuner.data.tokens import TokenizedTexts
 from tuner.latency import LatencyProtocol
 from tuner.models.hf_encoder import SequenceClassifier
 from tuner.recipe import ModelRecipe
@@ -68,10 +69,23 @@ def tiny_bert() -> SequenceClassifier:
     return TINY_BERT.build()
 
 
+def separable_texts(n: int = 40) -> TokenizedTexts:
+    """`n` texts of 4-12 token ids whose label is in their ids (ids 1-49 for label 0, 50-98
+    for label 1): a tiny BERT learns them in a few epochs."""
+    generator = torch.Generator().manual_seed(3)
+    labels = torch.arange(n) % 2
+    lengths = torch.randint(4, 12, (n,), generator=generator)
+    ids = torch.randint(1, 50, (n, 12), generator=generator) + 49 * labels.unsqueeze(1)
+    mask = (torch.arange(12) < lengths.unsqueeze(1)).long()
+    return TokenizedTexts(ids * mask, mask, labels)
+
+
 def train_cfg(**changes):
     """A `train` node for training tiny models in tests, with `changes` laid over it."""
     values = dict(
         optimizer="adam",
+        device="cpu",
+        precision="fp32",
         lr=1e-3,
         weight_decay=1e-5,
         grad_clip_norm=0.0,

@@ -7,22 +7,13 @@ import math
 
 import pytest
 import torch
-from conftest import TINY_BERT, train_cfg
+from conftest import TINY_BERT, separable_texts, train_cfg
 
 from tuner.data.batches import Batch
 from tuner.data.tokens import TokenizedTexts
 from tuner.training import batch_loss, collect_logits, train
 from tuner.training.distill import Distillation, LayerOutputs, hidden_loss, soft_loss
 from tuner.training.mixing import BatchOutput
-
-
-def _texts(n: int = 40) -> TokenizedTexts:
-    generator = torch.Generator().manual_seed(3)
-    labels = torch.arange(n) % 2
-    lengths = torch.randint(4, 12, (n,), generator=generator)
-    ids = torch.randint(1, 50, (n, 12), generator=generator) + 49 * labels.unsqueeze(1)
-    mask = (torch.arange(12) < lengths.unsqueeze(1)).long()
-    return TokenizedTexts(ids * mask, mask, labels)
 
 
 def _kl(p: list[float], q: list[float]) -> float:
@@ -61,7 +52,7 @@ def test_the_loss_weighs_hard_and_soft_terms_by_alpha():
 
 
 def test_alpha_zero_trains_exactly_as_plain_training(tiny_bert):
-    data = _texts()
+    data = separable_texts()
     cfg = train_cfg()
     plain, distilled = copy.deepcopy(tiny_bert), copy.deepcopy(tiny_bert)
     torch.manual_seed(7)
@@ -81,7 +72,7 @@ def test_alpha_zero_trains_exactly_as_plain_training(tiny_bert):
 def test_a_teacher_pulls_the_student_towards_its_outputs(tiny_bert):
     """With alpha 1 the student learns the teacher's outputs, whatever the labels say: here a
     teacher that predicts the opposite of every label."""
-    data = _texts()
+    data = separable_texts()
     cfg = train_cfg(epochs=6, lr=3e-3)
     teacher = copy.deepcopy(tiny_bert)
     train(teacher, data, data, cfg, batch_loss("text", cfg, 2))
@@ -96,7 +87,7 @@ def test_a_teacher_pulls_the_student_towards_its_outputs(tiny_bert):
 
 
 def test_unmixed_batches_read_the_teachers_logits_of_their_own_examples(tiny_bert):
-    data = _texts()
+    data = separable_texts()
     distillation = Distillation.of(tiny_bert, 0.5, 2.0, data)
     with torch.inference_mode():
         for batch in data.batches(8, torch.Generator().manual_seed(0), group_by_length=True):
@@ -107,7 +98,7 @@ def test_unmixed_batches_read_the_teachers_logits_of_their_own_examples(tiny_ber
 def test_a_mixed_text_batch_is_shown_to_the_teacher_mixed_the_same_way(tiny_bert):
     """The teacher sees the same lam and partners: a teacher identical to the (eval-mode)
     student gives exactly the student's mixed logits."""
-    data = _texts()
+    data = separable_texts()
     model = tiny_bert.eval()
     loss_of = batch_loss("text", train_cfg(mixup_alpha=0.4), 2)
     batch = next(data.batches(8, torch.Generator().manual_seed(0)))
@@ -147,7 +138,7 @@ def _hidden_distance(student, teacher, data) -> float:
 
 
 def test_hidden_states_transfer_pulls_the_students_layers_towards_the_teachers(tiny_bert):
-    data = _texts()
+    data = separable_texts()
     cfg = train_cfg(epochs=4, lr=3e-3)
     teacher = copy.deepcopy(tiny_bert)
     torch.manual_seed(0)

@@ -15,6 +15,7 @@ import mlflow
 import optuna
 import pandas as pd
 import pytest
+import torch
 from conftest import REPO, run_cli, runnable_backends
 from mlflow.tracking import MlflowClient
 
@@ -229,7 +230,12 @@ def test_every_point_records_where_its_time_goes_and_its_roofline(smoke):
         assert insight is not None and insight.profile_ms, point.backend
         assert insight.precision == BACKENDS.get(point.backend).precision
         flops_of_model.setdefault(point.trained_in_trial, set()).add(insight.flops)
-        metrics = client.get_run(point.mlflow_run_id).data.metrics
+        run = client.get_run(point.mlflow_run_id).data
+        metrics = run.metrics
+        # `train.device: auto` on a machine without a GPU: trained on the CPU, no GPU memory.
+        if not torch.cuda.is_available():
+            assert run.tags["train.trained_on"] == "cpu"
+            assert "train_gpu_peak_mb" not in metrics
         # What the trial keeps is what its run logged.
         assert sum(insight.profile_ms.values()) == pytest.approx(metrics["profile.total_ms"])
         # Achieved throughput: the FLOPs per call over the latency the point was logged with.

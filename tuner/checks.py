@@ -19,13 +19,14 @@ from tuner.models import MODEL_FAMILIES
 from tuner.registry import Registry
 from tuner.samplers import SAMPLERS
 from tuner.space import SearchSpace
-from tuner.training import INIT_SCHEMES, OPTIMIZERS
+from tuner.training import INIT_SCHEMES, OPTIMIZERS, TRAIN_PRECISIONS, Placement, device_format_ok
 
 REGISTRY_KEYS: dict[str, Registry[Any]] = {
     "data.source": DATA_SOURCES,
     "model.family": MODEL_FAMILIES,
     "train.optimizer": OPTIMIZERS,
     "train.init": INIT_SCHEMES,
+    "train.precision": TRAIN_PRECISIONS,
     "deploy.backend": BACKENDS,
     "study.sampler": SAMPLERS,
 }
@@ -74,6 +75,7 @@ VALUE_RULES: dict[str, Rule] = {
     "train.batch_size": POSITIVE_INT,
     "train.warmup_ratio": FRACTION,
     "train.group_by_length": BOOLEAN,
+    "train.device": (device_format_ok, "must be auto, cpu, cuda or cuda:N"),
     "train.distill.alpha": (
         lambda v: _number(v) and 0 <= v <= 1,
         "must be a weight in [0, 1] (0 turns distillation off)",
@@ -166,6 +168,16 @@ def check_config(cfg: DictConfig, space: SearchSpace, sources: Mapping[str, str]
                 )
     _check_heartbeat(cfg)
     _check_rounds(cfg)
+    _check_placement(cfg, space)
+
+
+def _check_placement(cfg: DictConfig, space: SearchSpace) -> None:
+    """Every device and precision the study may train with exists on this machine."""
+    devices, _ = _values(cfg, space, "train.device")
+    precisions, _ = _values(cfg, space, "train.precision")
+    for device in devices:
+        for precision in precisions:
+            Placement.of(OmegaConf.create({"device": device, "precision": precision}))
 
 
 def _check_rounds(cfg: DictConfig) -> None:

@@ -747,7 +747,10 @@ class Objective:
         ):
             set_attr(name, metrics[name])
         final = {**metrics, "train_seconds": trained.result.seconds}
+        if trained.result.gpu_peak_mb is not None:
+            final["train_gpu_peak_mb"] = trained.result.gpu_peak_mb
         ctx.tracker.log_metrics(run_id, final, step=len(trained.result.epochs))
+        ctx.tracker.set_tags(run_id, {"train.trained_on": trained.result.trained_on})
         if log_model:
             self._log_model(set_attr, run_id, result, overrides, params)
         return ctx.constraints.values(

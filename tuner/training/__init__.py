@@ -1,4 +1,5 @@
-"""Training knobs (optimiser and L2, clipping, initialisation, mixup) and the training loop."""
+"""Training knobs (optimiser and L2, clipping, initialisation, mixup), where and in what
+precision models train, and the training loop."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from tuner.training.mixup import mixup
 # Importing the module registers the image mixing.
 from tuner.training import image_mixup  # noqa: E402,F401  isort: skip
 from tuner.training.optim import OPTIMIZERS, build_optimizer
+from tuner.training.placement import TRAIN_PRECISIONS, Placement, device_format_ok
 
 __all__ = [
     "MIXING",
@@ -24,6 +26,9 @@ __all__ = [
     "batch_loss",
     "INIT_SCHEMES",
     "OPTIMIZERS",
+    "TRAIN_PRECISIONS",
+    "Placement",
+    "device_format_ok",
     "EpochResult",
     "TrainResult",
     "accuracy",

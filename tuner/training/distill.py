@@ -117,7 +117,7 @@ class Distillation:
 
     def loss(self, output: BatchOutput, batch: Batch) -> torch.Tensor:
         if output.mixed_logits_of is None:
-            teacher_logits = self.train_logits[batch.index]
+            teacher_logits = self.train_logits[batch.index].to(output.logits.device)
         else:
             with torch.no_grad():
                 teacher_logits = output.mixed_logits_of(self.teacher).float()
