@@ -48,7 +48,7 @@ from tuner.config import compose_config
 from tuner.console import quiet_libraries
 from tuner.constraints import baseline_of
 from tuner.data import load_splits
-from tuner.deploy import check_outputs, convert, graph_of, reference_of
+from tuner.deploy import check_outputs, convert, graph_of, profile_of, reference_of
 from tuner.edits import apply_edits
 from tuner.errors import ConfigError
 from tuner.front import study_points
@@ -160,8 +160,12 @@ def edits(args: argparse.Namespace) -> dict:
 
 
 def default_backends(modality: str) -> list[str]:
-    """Every registered backend that deploys models of `modality`."""
-    return [name for name in BACKENDS.names() if modality in BACKENDS.get(name).modalities]
+    """Every registered CPU backend that deploys models of `modality`."""
+    return [
+        name
+        for name in BACKENDS.names()
+        if modality in BACKENDS.get(name).modalities and BACKENDS.get(name).device == "cpu"
+    ]
 
 
 def trained_model(cfg: DictConfig, num_labels: int, modality: str, train_data, val_data):
@@ -210,7 +214,7 @@ def bench(args: argparse.Namespace) -> int:
     splits = load_splits(cfg.data)
     modality = modality_for(cfg, SearchSpace(), splits)
     backends = args.backends or default_backends(modality.name)
-    check_backends(backends, modality.name, {})
+    check_backends(backends, modality.name, str(cfg.deploy.device), {})
     train_data = modality.encode(splits.train.items, splits.train.labels)
     val = modality.encode(splits.val.items, splits.val.labels)
     print(
@@ -310,7 +314,9 @@ def inspect(backend_name: str, row: dict, example, deploy: DictConfig) -> dict:
     backend = BACKENDS.get(backend_name)
     started = time.perf_counter()
     graph, _ = graph_of(backend, row["artifact"], row["logits_of"], example)
-    profile = backend.profile(row["artifact"], row["logits_of"], example, deploy)
+    profile, no_profile = profile_of(backend, row["artifact"], row["logits_of"], example, deploy)
+    if profile is None:  # every CPU backend takes a profile; this benchmark times CPU ones
+        raise RuntimeError(no_profile)
     return {"seconds": time.perf_counter() - started, "graph": graph, "profile": profile}
 
 

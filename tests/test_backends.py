@@ -32,6 +32,10 @@ TOLERANCE = {
         "onnxruntime_int8": 0.1,
         "onnxruntime_fused_int8": 0.1,
         "onnxruntime_mixed": 0.1,
+        "cuda_eager": 1e-4,
+        "cuda_compile": 1e-4,
+        "cuda_fp16": 0.05,
+        "cuda_bf16": 0.05,
     },
     # The CNN's logits span about +-10, so int8 rounding moves them further than the BERT's.
     "image": {
@@ -48,6 +52,11 @@ TOLERANCE = {
         "onnxruntime_int8": 0.8,
         "onnxruntime_int8_static": 0.8,
         "onnxruntime_mixed": 0.8,
+        # cuDNN convolutions run in TF32 on GPUs that have it (PyTorch's default).
+        "cuda_eager": 1e-2,
+        "cuda_compile": 1e-2,
+        "cuda_fp16": 0.3,
+        "cuda_bf16": 0.3,
     },
 }
 REPO = Path(__file__).resolve().parent.parent
@@ -137,6 +146,8 @@ def test_backend_contract(modality, name, deploy, request, tmp_path):
     subject: Subject = request.getfixturevalue(f"{modality}_subject")
     model, data = subject.model, subject.val_data
     backend = BACKENDS.get(name)
+    if backend.device == "cuda":  # a study deploying there says so
+        deploy = OmegaConf.merge(deploy, {"device": "cuda"})
     reference = reference_of(model, data)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     result = _deploy_subject(name, subject, tmp_path, deploy)
@@ -161,6 +172,13 @@ def test_backend_contract(modality, name, deploy, request, tmp_path):
     expected = reference.logits[:8]
     assert (again - expected).abs().max() <= tolerance + 1e-6
     assert math.isfinite(result.peak_memory_mb)
+    # GPU memory is a GPU backend's: its fp32 weights at least (the artifact's size, in MB of
+    # 10^6 bytes, less its header) were there, in MiB.
+    if backend.device == "cuda":
+        weights_mib = 0.9 * result.model_size_mb * 1e6 / 2**20
+        assert result.metrics()["gpu_peak_memory_mb"] >= weights_mib
+    else:
+        assert result.gpu_peak_memory_mb is None and "gpu_peak_memory_mb" not in result.metrics()
     # The shipped graph is dumped where the artifact is one; elsewhere its absence says why.
     if backend.graph is not None:
         assert result.graph is not None and result.graph_absent is None
@@ -169,6 +187,14 @@ def test_backend_contract(modality, name, deploy, request, tmp_path):
     else:
         assert result.graph is None and "Inductor" in result.graph_absent
         assert "layout_ops" not in result.metrics()
+    # Converting never changes the trained model.
+    for key, value in model.state_dict().items():
+        assert torch.equal(value, before[key]), key
+    # A GPU backend's call is no CPU profile; its absence says why.
+    if backend.profile is None:
+        assert result.profile is None and result.profile_absent.startswith(name)
+        assert "profile.total_ms" not in result.metrics()
+        return
     # One call profiled apart from the timed ones: its operators' times add up by class, and
     # to the order of what a timed call takes. On these tiny models, whose calls take 0.2-2 ms,
     # the profiler's own cost per operator (some microseconds, over 100-300 operators) can
@@ -179,9 +205,6 @@ def test_backend_contract(modality, name, deploy, request, tmp_path):
     assert result.latency.p50_ms / 20 <= profile.total_ms <= result.latency.p50_ms * 50
     assert result.metrics()["profile.total_ms"] == profile.total_ms
     assert profile.csv().count("\n") == len(profile.rows) + 1
-    # Converting never changes the trained model.
-    for key, value in model.state_dict().items():
-        assert torch.equal(value, before[key]), key
 
 
 def test_a_failing_profiler_or_graph_dump_leaves_the_point_with_the_reason(

@@ -86,6 +86,9 @@ def test_what_does_not_change_the_timed_graph_is_not_in_the_key():
     assert _digest(_model(dropout=0.3, random_init=True)) == base
     # The backend being chosen and the latency protocol's own node are keyed elsewhere.
     assert _digest(_model(), deploy=OmegaConf.merge(DEPLOY, {"backend": "onnxruntime"})) == base
+    # The device kind is the backend's own, and a GPU's model is in the protocol record: CPU
+    # keys stay what they were before studies could deploy on a GPU.
+    assert _digest(_model(), deploy=OmegaConf.merge(DEPLOY, {"device": "cpu"})) == base
 
 
 def test_backend_settings_protocol_and_machine_are_in_the_key():

@@ -4,13 +4,11 @@ scripts/gpu_check.sh on a GPU machine."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, separable_texts, train_cfg
+from conftest import REPO, run_cli, separable_texts, train_cfg
 from omegaconf import OmegaConf
 from torch import nn
 
@@ -119,15 +117,11 @@ def test_a_scaled_step_whose_gradients_overflow_is_skipped_and_the_scale_halved(
     assert scaler.get_scale() == 2.0**15
 
 
+@pytest.mark.slow  # through the real command line
 @NO_GPU
 def test_the_cli_stops_before_training_when_the_gpu_is_missing(tmp_path):
-    result = subprocess.run(
-        [sys.executable, "-m", "tuner", "+experiment=bert_ffn", "debug=smoke", "train.device=cuda"],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        timeout=300,
-        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
+    result = run_cli(
+        tmp_path, "+experiment=bert_ffn", "debug=smoke", "train.device=cuda", timeout=300
     )
     assert result.returncode == 2, result.stderr
     assert "key 'train.device': 'cuda' asks for a GPU" in result.stderr

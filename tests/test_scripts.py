@@ -120,10 +120,10 @@ def test_bench_search_prints_a_row_per_configuration_and_plots(tmp_path):
     assert cells[1].startswith(f"{union:.4g} [")
 
 
-def test_bench_batching_compares_random_and_grouped_batches(tmp_path):
+def test_bench_training_compares_random_and_grouped_batches_by_default(tmp_path):
     runs_file = tmp_path / "batching.json"
     result = run_script(
-        "bench_batching.py",
+        "bench_training.py",
         "--seeds",
         "0",
         "--json",
@@ -134,10 +134,12 @@ def test_bench_batching_compares_random_and_grouped_batches(tmp_path):
         cwd=tmp_path,
     )
     rows = [line for line in result.stdout.splitlines() if line.startswith("| ")]
-    assert [row.split("|")[1].strip() for row in rows[1:]] == ["random", "grouped by length"]
-    runs = {run["grouped"]: run for run in json.loads(runs_file.read_text())["runs"]}
+    random, grouped = "train.group_by_length=false", "train.group_by_length=true"
+    assert [row.split("|")[1].strip() for row in rows[1:]] == [random, grouped]
+    assert f"{grouped} against {random}, seed by seed: train time x" in result.stdout
+    runs = {run["variant"]: run for run in json.loads(runs_file.read_text())["runs"]}
     # Grouping by length trims padding: fewer tokens for the same examples and epochs.
-    assert 0 < runs[True]["tokens"] < runs[False]["tokens"]
+    assert 0 < runs[grouped]["tokens"] < runs[random]["tokens"]
     assert all(0 <= run["val_accuracy"] <= 1 for run in runs.values())
 
 

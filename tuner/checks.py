@@ -14,12 +14,13 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution
 
 from tuner.backends import BACKENDS
 from tuner.data import DATA_SOURCES
+from tuner.devices import device_format_ok
 from tuner.errors import ConfigError
 from tuner.models import MODEL_FAMILIES
 from tuner.registry import Registry
 from tuner.samplers import SAMPLERS
 from tuner.space import SearchSpace
-from tuner.training import INIT_SCHEMES, OPTIMIZERS, TRAIN_PRECISIONS, Placement, device_format_ok
+from tuner.training import INIT_SCHEMES, OPTIMIZERS, TRAIN_PRECISIONS, Placement
 
 REGISTRY_KEYS: dict[str, Registry[Any]] = {
     "data.source": DATA_SOURCES,
@@ -75,7 +76,10 @@ VALUE_RULES: dict[str, Rule] = {
     "train.batch_size": POSITIVE_INT,
     "train.warmup_ratio": FRACTION,
     "train.group_by_length": BOOLEAN,
-    "train.device": (device_format_ok, "must be auto, cpu, cuda or cuda:N"),
+    "train.device": (
+        lambda v: device_format_ok(v, allow_auto=True),
+        "must be auto, cpu, cuda or cuda:N",
+    ),
     "train.distill.alpha": (
         lambda v: _number(v) and 0 <= v <= 1,
         "must be a weight in [0, 1] (0 turns distillation off)",
@@ -111,6 +115,7 @@ VALUE_RULES: dict[str, Rule] = {
     "deploy.onnx.int8.weight_type": (lambda v: v in ("int8", "uint8"), "must be int8 or uint8"),
     "deploy.onnx.int8.per_channel": BOOLEAN,
     "deploy.onnx.allow_spinning": BOOLEAN,
+    "deploy.device": (device_format_ok, "must be cpu, cuda or cuda:N"),
     "deploy.calibration_samples": POSITIVE_INT,
     "deploy.mixed.min_agreement": (
         lambda v: _number(v) and 0 <= v <= 1,

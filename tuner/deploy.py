@@ -63,6 +63,9 @@ class BackendResult:
     # an architecture's first measurement, timed with the other backends' artifacts in turn).
     deploy_seconds: float = float("nan")
     peak_memory_mb: float = float("nan")
+    # For a backend on a GPU: the most GPU memory its tensors held while it was converted,
+    # checked and timed.
+    gpu_peak_memory_mb: float | None = None
     # The file one would ship; it lives in the deployment's working directory.
     artifact: Path | None = None
     # The loaded artifact, kept only while its latency is still to be measured.
@@ -92,6 +95,11 @@ class BackendResult:
             "convert_seconds": self.convert_seconds,
             "deploy_seconds": self.deploy_seconds,
             "peak_memory_mb": self.peak_memory_mb,
+            **(
+                {}
+                if self.gpu_peak_memory_mb is None
+                else {"gpu_peak_memory_mb": self.gpu_peak_memory_mb}
+            ),
             **({} if self.graph is None else {"layout_ops": float(self.graph.layout_ops)}),
             **({} if self.profile is None else self.profile.metrics()),
         }
@@ -179,6 +187,9 @@ def deploy_on(
             the result's latency is None and its `logits_of` stays loaded for the caller.
     """
     started = time.perf_counter()
+    gpu = _gpu_of(backend_name, deploy_cfg)
+    if gpu is not None and torch.cuda.is_available():  # else conversion says it cannot run
+        torch.cuda.reset_peak_memory_stats(gpu)
     try:
         with track_peak_memory() as memory:
             converted = convert(
@@ -195,8 +206,8 @@ def deploy_on(
     # latency table times later), so that neither ever touches them.
     backend = BACKENDS.get(backend_name)
     graph, graph_absent = graph_of(backend, converted.artifact, converted.logits_of, example)
-    profile, profile_absent = _or_reason(
-        lambda: backend.profile(converted.artifact, converted.logits_of, example, deploy_cfg)
+    profile, profile_absent = profile_of(
+        backend, converted.artifact, converted.logits_of, example, deploy_cfg
     )
     return BackendResult(
         backend=backend_name,
@@ -205,6 +216,7 @@ def deploy_on(
         convert_seconds=converted.seconds,
         deploy_seconds=time.perf_counter() - started,
         peak_memory_mb=memory.growth_mb,
+        gpu_peak_memory_mb=None if gpu is None else torch.cuda.max_memory_allocated(gpu) / 2**20,
         artifact=converted.artifact,
         logits_of=converted.logits_of if latency is None else None,
         notes=converted.notes,
@@ -216,6 +228,13 @@ def deploy_on(
     )
 
 
+def _gpu_of(backend_name: str, deploy_cfg: DictConfig) -> torch.device | None:
+    """The GPU a backend deploys on (the study's `deploy.device`), or None for a CPU one."""
+    if BACKENDS.get(backend_name).device != "cuda":
+        return None
+    return torch.device(str(deploy_cfg.device))
+
+
 def graph_of(
     backend: Backend, artifact: Path, logits_of: Logits, example: ExampleInputs
 ) -> tuple[GraphDump | None, str | None]:
@@ -224,6 +243,20 @@ def graph_of(
         return None, f"{backend.name} {backend.no_graph_reason}"
     graph = backend.graph
     return _or_reason(lambda: graph(artifact, logits_of, example))
+
+
+def profile_of(
+    backend: Backend,
+    artifact: Path,
+    logits_of: Logits,
+    example: ExampleInputs,
+    deploy_cfg: DictConfig,
+) -> tuple[OpProfile | None, str | None]:
+    """One call's time by operator, or None and the reason there is none."""
+    if backend.profile is None:
+        return None, f"{backend.name} {backend.no_profile_reason}"
+    profile = backend.profile
+    return _or_reason(lambda: profile(artifact, logits_of, example, deploy_cfg))
 
 
 def _or_reason(read: Callable[[], T]) -> tuple[T | None, str | None]:

@@ -5,7 +5,9 @@ being measured gets its share in turn (interleaved): a burst of load from elsewh
 all of them, not on one. A latency is the median of the rounds' medians, its spread the
 interquartile range of those medians, and everything needed to compare two measurements is
 recorded (batch, sequence length, threads, warm-up, repeats, rounds, CPU model and instruction
-sets, torch and ONNX Runtime versions).
+sets, torch and ONNX Runtime versions, and for a study deploying on a GPU its model, driver and
+CUDA version). A call on the CPU is timed by the wall clock; a call on a GPU between two CUDA
+events, the GPU idle before the first.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import importlib.metadata
 import math
 import platform
+import subprocess
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -166,13 +169,55 @@ def time_rounds(
             for name, logits_of in callables.items():
                 if index > 0 and len(callables) > 1:
                     logits_of(*inputs.tensors)
-                calls = []
-                for _ in range(protocol.calls_per_round):
-                    started = time.perf_counter()
-                    logits_of(*inputs.tensors)
-                    calls.append((time.perf_counter() - started) * 1000)
+                calls = [_call_ms(logits_of, inputs) for _ in range(protocol.calls_per_round)]
                 timings[name].append(calls)
     return timings
+
+
+def _call_ms(logits_of: Callable[..., torch.Tensor], inputs: ExampleInputs) -> float:
+    """Milliseconds of one call: wall-clock on the CPU; for a callable running on a GPU (one
+    with a CUDA `device`), between two CUDA events, the GPU idle before the first."""
+    device = getattr(logits_of, "device", None)
+    if not isinstance(device, torch.device) or device.type != "cuda":
+        started = time.perf_counter()
+        logits_of(*inputs.tensors)
+        return (time.perf_counter() - started) * 1000
+    torch.cuda.synchronize(device)
+    with torch.cuda.device(device):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        logits_of(*inputs.tensors)
+        end.record()
+    end.synchronize()
+    return start.elapsed_time(end)
+
+
+def gpu_record(device_spec: str, prefix: str = "") -> dict[str, str]:
+    """The GPU a study deploys on (model, driver, CUDA version), recorded with its latencies;
+    nothing for a study deploying on the CPU, whose record stays what it always was."""
+    device = torch.device(device_spec)
+    if device.type != "cuda":
+        return {}
+    index = torch.cuda.current_device() if device.index is None else device.index
+    values = {
+        "gpu": torch.cuda.get_device_name(index),
+        "gpu_driver": _nvidia_driver(index),
+        "cuda_version": str(torch.version.cuda),
+    }
+    return {f"{prefix}{key}": value for key, value in values.items()}
+
+
+def _nvidia_driver(index: int) -> str:
+    try:
+        found = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader", "-i", str(index)],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    return found.stdout.strip() or "unknown"
 
 
 def measure_latency(

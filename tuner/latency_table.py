@@ -38,10 +38,11 @@ _PREFIX = "latency:"
 _KEY_PREFIX = "latency-key:"
 # Model keys that change training but not the graph that is timed.
 _TRAINING_ONLY = frozenset({"random_init", "dropout", "drop_rate"})
-# Deploy keys that are the protocol (in the key on their own) or choose the backend, and the
+# Deploy keys that are the protocol (in the key on their own) or choose the backend, the
+# device (a backend deploys on one kind, and a GPU's model is in the protocol record), and the
 # settings of onnxruntime_mixed, whose latency the table never keeps (its graph follows the
 # trained weights).
-_NOT_IN_DEPLOY_KEY = frozenset({"backend", "latency", "mixed"})
+_NOT_IN_DEPLOY_KEY = frozenset({"backend", "device", "latency", "mixed"})
 # How far a measurement may grow is no part of what it measures: raising it extends the table.
 _NOT_IN_PROTOCOL_KEY = frozenset({"latency.max_rounds"})
 

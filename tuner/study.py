@@ -35,13 +35,14 @@ from tuner.constraints import Constraints, baseline_of
 from tuner.convergence import REFERENCE_ATTR, convergence
 from tuner.data import Splits, load_splits
 from tuner.data.batches import Encoded
+from tuner.devices import resolve_device
 from tuner.early_stopping import PruningSettings, sampler_view
 from tuner.edits import EDITS, SAME_EDIT
 from tuner.errors import ConfigError
 from tuner.front import Point, failures_of, front_note, points_of
 from tuner.insight.measure import study_peak
 from tuner.insight.roofline import MachinePeak
-from tuner.latency import LatencyProtocol
+from tuner.latency import LatencyProtocol, gpu_record
 from tuner.latency_table import LatencyTable
 from tuner.modalities import MODALITIES, Modality
 from tuner.models import MODEL_FAMILIES
@@ -63,6 +64,7 @@ from tuner.tracking import Tracker
 from tuner.trial import BACKEND_KEY, ModelFactory, Objective, ServingContext, TrialContext
 
 DIRECTIONS = tuple(OBJECTIVES.values())
+DEPLOY_DEVICE_KEY = "deploy.device"
 
 
 @dataclass(frozen=True)
@@ -241,7 +243,7 @@ def run_study(
 
     constraints = Constraints.from_config(cfg.study)
     listed = deployment_backends(cfg, space)
-    check_backends(listed, modality.name, sources or {})
+    check_backends(listed, modality.name, str(cfg.deploy.device), sources or {})
     backends, left_out = runnable_backends(listed, sources or {})
     space = _deploy_only_on(space, backends)
     tracker = Tracker(str(cfg.tracking.uri), str(cfg.tracking.experiment))
@@ -256,7 +258,11 @@ def run_study(
         points = _summarise(study, constraints)
         console.review_hint(str(cfg.tracking.uri), tracker.experiment_id, None)
         return points
-    protocol_record = {**protocol.record(prefix="latency."), "latency.input_shape": example.shape()}
+    protocol_record = {
+        **protocol.record(prefix="latency."),
+        **gpu_record(str(cfg.deploy.device), prefix="latency."),
+        "latency.input_shape": example.shape(),
+    }
     peak = machine_peak(study, protocol_record, protocol.num_threads)
     parent_id = tracker.start_parent(
         study.study_name,
@@ -442,13 +448,24 @@ def modality_for(cfg: DictConfig, space: SearchSpace, splits: Splits) -> Modalit
     return modality_type.from_config(cfg, splits)
 
 
-def check_backends(backends: Sequence[str], modality: str, sources: Mapping[str, str]) -> None:
+def check_backends(
+    backends: Sequence[str], modality: str, deploy_device: str, sources: Mapping[str, str]
+) -> None:
+    """Each listed backend deploys the modality's models, on the kind of device the study
+    deploys on (`deploy.device`, which must exist here)."""
+    device = resolve_device(deploy_device, DEPLOY_DEVICE_KEY)
     for name in backends:
-        supported = BACKENDS.get(name).modalities
-        if modality not in supported:
+        backend = BACKENDS.get(name)
+        if modality not in backend.modalities:
             raise ConfigError(
                 f"Invalid config: key 'deploy.backend': '{name}' deploys "
-                f"{' and '.join(sorted(supported))} models, not {modality} ones"
+                f"{' and '.join(sorted(backend.modalities))} models, not {modality} ones"
+                + defined_in(BACKEND_KEY, sources)
+            )
+        if backend.device != device.type:
+            raise ConfigError(
+                f"Invalid config: key 'deploy.backend': '{name}' deploys on {backend.device}, "
+                f"but this study deploys on {device.type} ({DEPLOY_DEVICE_KEY}={deploy_device})"
                 + defined_in(BACKEND_KEY, sources)
             )
 

@@ -776,6 +776,9 @@ class Objective:
         set_attr(INSIGHT_ATTR, insight.to_attr())
         if trained.flops is None:
             return {}
+        if BACKENDS.get(result.backend).device != "cpu":
+            # The peaks a study measures are its CPU's: a GPU point has no roof among them.
+            return {"gflops_per_call": trained.flops / 1e9}
         peaks = {} if ctx.peak is None else {insight.peak_key: ctx.peak}
         line = insight.roofline(result.latency.p50_ms, result.model_size_mb, peaks)
         if line is None:

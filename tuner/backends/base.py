@@ -18,12 +18,18 @@ from torch import nn
 
 from tuner.insight.graph import GraphDump, dispatched_graph
 from tuner.insight.profile import OpProfile, profile_torch
-from tuner.insight.roofline import FP32, PRECISIONS
+from tuner.insight.roofline import BF16, FP32, PRECISIONS
 from tuner.recipe import ModelRecipe
 from tuner.registry import Registry
 
 # Model inputs (token ids and attention mask, or images) -> logits.
 Logits = Callable[..., torch.Tensor]
+
+FP16 = "fp16"
+# What a backend may compute in, by the kind of device it deploys on: on the CPU, the
+# precisions a study measures the machine's peaks for (its roofline); on a GPU also fp16 (GPU
+# points get no roofline: the peaks measured are the CPU's).
+DEVICE_PRECISIONS = {"cpu": PRECISIONS, "cuda": (FP32, BF16, FP16)}
 
 
 @dataclass(frozen=True)
@@ -78,11 +84,18 @@ class Backend:
             a graph file to read; None where there is no operator graph to dump, with the
             reason in `no_graph_reason`.
         no_graph_reason: why a backend without `graph` has none (recorded on its points).
-        precision: what its matmuls and convolutions compute in (`fp32`, `bf16`, `int8`):
-            the machine peak its roofline is drawn against (`tuner.insight.roofline`).
+        precision: what its matmuls and convolutions compute in (`fp32`, `bf16`, `int8`, and
+            on a GPU `fp16`): the machine peak its roofline is drawn against
+            (`tuner.insight.roofline`).
         profile: (artifact, its loaded callable, example inputs, `deploy` config) -> one
             call's time by operator (`tuner.insight.profile`); PyTorch's profiler on the
-            loaded callable unless the backend has a profiler of its own.
+            loaded callable unless the backend has a profiler of its own; None where no
+            profile is taken, with the reason in `no_profile_reason`.
+        no_profile_reason: why a backend without `profile` has none (recorded on its points).
+        device: the kind of device its artifact runs on, `cpu` or `cuda` (`deploy.device`
+            chooses which kind a study deploys on). A `cuda` backend's loaded callable takes
+            and gives CPU tensors, as serving calls it, and has a `device` attribute, the GPU
+            it runs on, by which the latency protocol times it with CUDA events.
     """
 
     name: str
@@ -96,21 +109,34 @@ class Backend:
         lambda artifact, logits_of, example: dispatched_graph(logits_of, example.tensors)
     )
     no_graph_reason: str | None = None
-    profile: Callable[[Path, Logits, ExampleInputs, DictConfig], OpProfile] = (
+    profile: Callable[[Path, Logits, ExampleInputs, DictConfig], OpProfile] | None = (
         lambda artifact, logits_of, example, deploy: profile_torch(logits_of, example.tensors)
     )
+    no_profile_reason: str | None = None
     precision: str = FP32
+    device: str = "cpu"
 
     def __post_init__(self) -> None:
-        if self.precision not in PRECISIONS:
+        if self.device not in DEVICE_PRECISIONS:
+            raise ValueError(
+                f"backend {self.name!r}: device {self.device!r} is not one of "
+                f"{', '.join(DEVICE_PRECISIONS)}"
+            )
+        precisions = DEVICE_PRECISIONS[self.device]
+        if self.precision not in precisions:
             raise ValueError(
                 f"backend {self.name!r}: precision {self.precision!r} is not one of "
-                f"{', '.join(PRECISIONS)} (the peaks a roofline is drawn against)"
+                f"{', '.join(precisions)} (the {self.device} precisions a point can be judged in)"
             )
         if (self.graph is None) != (self.no_graph_reason is not None):
             raise ValueError(
                 f"backend {self.name!r}: a backend names either how to read its graph or why "
                 "it has none (`graph` or `no_graph_reason`), not both or neither"
+            )
+        if (self.profile is None) != (self.no_profile_reason is not None):
+            raise ValueError(
+                f"backend {self.name!r}: a backend names either how to profile a call or why "
+                "it takes no profile (`profile` or `no_profile_reason`), not both or neither"
             )
 
 

@@ -15,7 +15,8 @@ from omegaconf import OmegaConf
 from rich.table import Table
 
 from tuner.backends import BACKENDS
-from tuner.deploy import graph_of
+from tuner.deploy import graph_of, profile_of
+from tuner.errors import ConfigError
 from tuner.insight.graph import GraphDump
 from tuner.insight.op_classes import op_class
 from tuner.insight.profile import OpProfile
@@ -50,7 +51,11 @@ def profile_logged(
     with pinned_threads(protocol.num_threads):
         with torch.inference_mode():
             served.logits_of(*example.tensors)  # warm-up, as the study's profile follows timing
-        profile = backend.profile(served.artifact, served.logits_of, example, deploy)
+        profile, no_profile = profile_of(
+            backend, served.artifact, served.logits_of, example, deploy
+        )
+        if profile is None:
+            raise ConfigError(f"Invalid option --profile: no profile of this point: {no_profile}")
         graph, absent = graph_of(backend, served.artifact, served.logits_of, example)
     return OnDemand(served.spec.backend, example.shape(), profile, graph, absent)
 

@@ -18,7 +18,7 @@ from tuner.training.mixup import mixup
 # Importing the module registers the image mixing.
 from tuner.training import image_mixup  # noqa: E402,F401  isort: skip
 from tuner.training.optim import OPTIMIZERS, build_optimizer
-from tuner.training.placement import TRAIN_PRECISIONS, Placement, device_format_ok
+from tuner.training.placement import TRAIN_PRECISIONS, Placement
 
 __all__ = [
     "MIXING",
@@ -28,7 +28,6 @@ __all__ = [
     "OPTIMIZERS",
     "TRAIN_PRECISIONS",
     "Placement",
-    "device_format_ok",
     "EpochResult",
     "TrainResult",
     "accuracy",

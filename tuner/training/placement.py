@@ -6,14 +6,13 @@ bf16 (autocast; on a CPU only with native bf16 instructions, which emulated bf16
 slower than fp32) or fp16 (autocast with a gradient scaler, CUDA only: fp16 gradients
 underflow without one). Both are checked at start-up, before anything trains.
 
-A model trains on its device and comes back to the CPU afterwards, where deployment, the
-latency protocol and serving run. Batches go to the device one at a time from pinned memory,
+A model trains on its device and comes back to the CPU afterwards; deployment then puts it
+where `deploy.device` says. Batches go to the device one at a time from pinned memory,
 without blocking the host; validation logits come back to the CPU.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
@@ -24,46 +23,12 @@ from torch import nn
 
 from tuner.backends.cpu import native_bf16_unavailable
 from tuner.data.batches import Batch
+from tuner.devices import describe, resolve_device
 from tuner.errors import ConfigError, TrialFailed
 from tuner.registry import Registry
 
 DEVICE_KEY = "train.device"
 PRECISION_KEY = "train.precision"
-_DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
-
-
-def device_format_ok(value: object) -> bool:
-    return isinstance(value, str) and bool(_DEVICE.match(value))
-
-
-def resolve_device(spec: str) -> torch.device:
-    """The device `spec` stands for on this machine; a CUDA device it does not have is refused
-    with the reason."""
-    if not device_format_ok(spec):
-        raise ConfigError(
-            f"Invalid config: key '{DEVICE_KEY}': {spec!r} must be auto, cpu, cuda or cuda:N"
-        )
-    available = torch.cuda.is_available()
-    if spec == "auto":
-        return torch.device("cuda" if available else "cpu")
-    device = torch.device(spec)
-    if device.type == "cpu":
-        return device
-    if not available:
-        why = (
-            "this PyTorch build has no CUDA support"
-            if torch.version.cuda is None
-            else "PyTorch sees no CUDA GPU on this machine (no GPU, no driver, or "
-            "CUDA_VISIBLE_DEVICES hides them)"
-        )
-        raise ConfigError(f"Invalid config: key '{DEVICE_KEY}': {spec!r} asks for a GPU, but {why}")
-    count = torch.cuda.device_count()
-    if device.index is not None and device.index >= count:
-        raise ConfigError(
-            f"Invalid config: key '{DEVICE_KEY}': {spec!r}: this machine has {count} CUDA "
-            f"GPU(s), numbered from 0"
-        )
-    return device
 
 
 @dataclass(frozen=True)
@@ -109,7 +74,7 @@ class Placement:
     @classmethod
     def of(cls, train_cfg: DictConfig) -> Placement:
         """The `train` node's device and precision, checked against this machine."""
-        device = resolve_device(str(train_cfg.device))
+        device = resolve_device(str(train_cfg.device), DEVICE_KEY, allow_auto=True)
         name = str(train_cfg.precision)
         precision = TRAIN_PRECISIONS.get(name)
         reason = precision.unsupported_on(device)
@@ -125,11 +90,8 @@ class Placement:
         return self.device.type == "cuda"
 
     def describe(self) -> str:
-        """The device as a point records it: `cpu`, or `cuda:0 (<GPU model>)`."""
-        if not self.on_cuda:
-            return "cpu"
-        index = torch.cuda.current_device() if self.device.index is None else self.device.index
-        return f"cuda:{index} ({torch.cuda.get_device_name(index)})"
+        """The device as a point records it."""
+        return describe(self.device)
 
     def batch(self, batch: Batch) -> Batch:
         """The batch's inputs and labels on the device (its index stays with the data)."""

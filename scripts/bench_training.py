@@ -1,15 +1,20 @@
-"""Training time and accuracy with texts batched at random or grouped by length.
+"""Training time and accuracy of one configuration under variants of its training settings.
 
 Trains one configuration of an experiment (the default study's MiniLM on Rotten Tomatoes unless
-told otherwise) once per seed and batching, interleaved (seed by seed, both batchings in turn)
-so a drift of the machine's speed lands on both, and prints a table: training seconds (the
+told otherwise) once per seed and variant, interleaved (seed by seed, every variant in turn)
+so a drift of the machine's speed lands on all, and prints a table: training seconds (the
 epochs and their validation passes, as `train_seconds` of a trial), tokens the training batches
 carried (padding included) and final validation accuracy, median and range over seeds, and
-the paired differences:
+the last variant's paired differences from the first:
 
-    python scripts/bench_batching.py --seeds 0 1 2 -- +experiment=bert_ffn
+    python scripts/bench_training.py --seeds 0 1 2 \
+        --variants train.group_by_length=false train.group_by_length=true
+    python scripts/bench_training.py --seeds 0 1 2 \
+        --variants train.precision=fp32 train.precision=bf16
 
-Extra arguments after `--` are Hydra overrides (default: `+experiment=bert_ffn`).
+A variant is one override of the composed config (the default: random batches, then batches
+grouped by length). Extra arguments after `--` are Hydra overrides (default:
+`+experiment=bert_ffn`).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import sys
 import time
 
 import torch
+from omegaconf import OmegaConf
 
 from tuner.backends.cpu import isa_flags
 from tuner.config import apply_debug, compose_config, resolve
@@ -31,14 +37,18 @@ from tuner.models import build_model
 from tuner.retrain import override_keys
 from tuner.space import SearchSpace
 from tuner.study import modality_for
-from tuner.training import batch_loss, initialise_new_layers, train
-
-BATCHINGS = {"random": False, "grouped by length": True}
+from tuner.training import Placement, batch_loss, initialise_new_layers, train
 
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument(
+        "--variants",
+        nargs="+",
+        default=["train.group_by_length=false", "train.group_by_length=true"],
+        help="one config override each (KEY=VALUE), trained in turn",
+    )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json", help="also write every run's figures to this file")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides (after --)")
@@ -63,10 +73,11 @@ class _CountingTokens:
             yield batch
 
 
-def train_once(cfg, splits, modality, train_data, val_data, seed: int, grouped: bool) -> dict:
+def train_once(cfg, splits, modality, train_data, val_data, seed: int, variant: str) -> dict:
     """One trial's model and training, as `tuner.trial` builds and trains it."""
+    cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist([variant]))
     train_cfg = cfg.train.copy()
-    train_cfg.seed, train_cfg.group_by_length = seed, grouped
+    train_cfg.seed = seed
     torch.manual_seed(seed)
     model = build_model(cfg.model, splits.num_labels)
     torch.manual_seed(seed)
@@ -83,7 +94,7 @@ def train_once(cfg, splits, modality, train_data, val_data, seed: int, grouped: 
     )
     return {
         "seed": seed,
-        "grouped": grouped,
+        "variant": variant,
         "train_seconds": time.perf_counter() - started,
         "tokens": counted.tokens,
         "val_accuracy": result.val_accuracy,
@@ -96,29 +107,30 @@ def spread(values: list[float], digits: int) -> str:
     return f"{middle:.{digits}f} [{low:.{digits}f}-{high:.{digits}f}]"
 
 
-def table(runs: list[dict]) -> str:
+def table(runs: list[dict], variants: list[str]) -> str:
     lines = [
-        "| batching | train s | tokens per run | val accuracy |",
+        "| variant | train s | tokens per run | val accuracy |",
         "|---|---|---|---|",
     ]
-    for name, grouped in BATCHINGS.items():
-        mine = [r for r in runs if r["grouped"] == grouped]
+    for variant in variants:
+        mine = [r for r in runs if r["variant"] == variant]
         lines.append(
-            f"| {name} | {spread([r['train_seconds'] for r in mine], 1)} "
+            f"| {variant} | {spread([r['train_seconds'] for r in mine], 1)} "
             f"| {spread([r['tokens'] for r in mine], 0)} "
             f"| {spread([r['val_accuracy'] for r in mine], 4)} |"
         )
-    by_seed = {(r["seed"], r["grouped"]): r for r in runs}
+    first, last = variants[0], variants[-1]
+    by_seed = {(r["seed"], r["variant"]): r for r in runs}
     seeds = sorted({r["seed"] for r in runs})
     time_ratio = [
-        by_seed[s, True]["train_seconds"] / by_seed[s, False]["train_seconds"] for s in seeds
+        by_seed[s, last]["train_seconds"] / by_seed[s, first]["train_seconds"] for s in seeds
     ]
     accuracy_gain = [
-        100 * (by_seed[s, True]["val_accuracy"] - by_seed[s, False]["val_accuracy"]) for s in seeds
+        100 * (by_seed[s, last]["val_accuracy"] - by_seed[s, first]["val_accuracy"]) for s in seeds
     ]
     lines.append("")
     lines.append(
-        "Grouped against random, seed by seed: train time x"
+        f"{last} against {first}, seed by seed: train time x"
         + ", x".join(f"{r:.2f}" for r in time_ratio)
         + "; accuracy "
         + ", ".join(f"{g:+.2f}" for g in accuracy_gain)
@@ -134,14 +146,16 @@ def main() -> int:
     cfg = resolve(apply_debug(compose_config(args.overrides), override_keys(args.overrides)))
     splits = load_splits(cfg.data)
     modality = modality_for(cfg, SearchSpace(), splits)
+    for variant in args.variants:  # a variant this machine cannot train is refused up front
+        Placement.of(OmegaConf.merge(cfg, OmegaConf.from_dotlist([variant])).train)
     train_data = modality.encode(splits.train.items, splits.train.labels)
     val_data = modality.encode(splits.val.items, splits.val.labels)
     runs = []
     for seed in args.seeds:
-        for name, grouped in BATCHINGS.items():
-            run = train_once(cfg, splits, modality, train_data, val_data, seed, grouped)
+        for variant in args.variants:
+            run = train_once(cfg, splits, modality, train_data, val_data, seed, variant)
             print(
-                f"seed {seed}, {name}: {run['train_seconds']:.1f} s, "
+                f"seed {seed}, {variant}: {run['train_seconds']:.1f} s, "
                 f"val_accuracy {run['val_accuracy']:.4f}",
                 file=sys.stderr,
             )
@@ -150,10 +164,14 @@ def main() -> int:
         f"{' '.join(args.overrides)}; {len(train_data)} training examples, "
         f"{args.threads} threads; {cpu_model()}, flags {isa_flags()}\n"
     )
-    print(table(runs))
+    print(table(runs, args.variants))
     if args.json:
         with open(args.json, "w") as out:
-            json.dump({"overrides": args.overrides, "runs": runs}, out, indent=1)
+            json.dump(
+                {"overrides": args.overrides, "variants": args.variants, "runs": runs},
+                out,
+                indent=1,
+            )
     return 0
 
 
