@@ -22,7 +22,9 @@ settings of one backend are compared in the same interleaved rounds.
 Timing goes round-robin over the backends and the baseline, for --rounds rounds, so a slow
 spell on a shared CPU hits every backend alike; as in a study, p50 is the median of the
 per-round medians, p95 pools all timed calls, and "spread" is the range of the per-round
-medians. With --study, the study's front is compared with the
+medians. "convert s" is each row's conversion as a study makes it: the ONNX Runtime backends of
+one variant share the exported and fused graphs they start from, so a row after the first to
+export (or fuse) takes only its own steps. With --study, the study's front is compared with the
 baseline measured here.
 """
 
@@ -241,9 +243,14 @@ def bench(args: argparse.Namespace) -> int:
             deploy = OmegaConf.merge(
                 cfg.deploy, OmegaConf.from_dotlist([variant] if variant else [])
             )
+            # As in a study, the backends converting one model under one `deploy` config share
+            # the graphs they start from (the first to need an export or fusion makes it).
+            shared = Path(workdir) / "shared" / (variant or "as shipped")
             try:
                 workdir_of = Path(workdir) / str(index)
-                converted = convert(name, edited, recipe, example, deploy, workdir_of, calibration)
+                converted = convert(
+                    name, edited, recipe, example, deploy, workdir_of, calibration, shared
+                )
                 checks = check_outputs(collect_logits(converted.logits_of, val), reference)
             except Exception as exc:  # an unavailable or failing backend is reported, not fatal
                 print(f"{row}: {type(exc).__name__}: {exc}", file=sys.stderr)

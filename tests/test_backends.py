@@ -252,6 +252,71 @@ def test_static_int8_is_calibrated_on_training_batches(image_subject, tmp_path):
     assert failed.error is not None and "calibration batches" in failed.error
 
 
+def test_backends_of_one_model_share_its_exported_and_fused_graphs(
+    text_subject, tmp_path, monkeypatch
+):
+    from tuner.backends import fusion, onnx_export
+    from tuner.deploy import convert
+
+    made: list[str] = []
+
+    def counted(original, name):
+        def call(*args, **kwargs):
+            made.append(name)
+            return original(*args, **kwargs)
+
+        return call
+
+    # The real export and fusion, counted.
+    monkeypatch.setattr(onnx_export, "export_onnx", counted(onnx_export.export_onnx, "export"))
+    monkeypatch.setattr(fusion, "_fuse", counted(fusion._fuse, "fuse"))
+    shared = tmp_path / "shared"
+    names = ["onnxruntime", "onnxruntime_int8", "onnxruntime_fused", "onnxruntime_fused_int8"]
+    artifacts = {
+        name: convert(
+            name,
+            text_subject.model,
+            text_subject.recipe,
+            text_subject.example,
+            DEPLOY,
+            tmp_path / name,
+            text_subject.calibration,
+            shared=shared,
+        ).artifact
+        for name in names
+    }
+    # One plain export for the fp32 and int8 graphs, one fusion for the fused fp32 and int8 ones.
+    assert sorted(made) == ["export", "fuse"]
+    assert sorted(p.name for p in shared.iterdir()) == ["model.fp32.onnx", "model.fused.onnx"]
+    # Each backend still ships its own artifact from its own directory.
+    assert all(artifact.parent == tmp_path / name for name, artifact in artifacts.items())
+    assert artifacts["onnxruntime"].read_bytes() == (shared / "model.fp32.onnx").read_bytes()
+
+
+def test_a_shared_graph_that_fails_to_be_made_leaves_nothing_to_reuse(text_subject, tmp_path):
+    from tuner.backends.base import ConversionContext
+    from tuner.backends.onnx_export import shared_graph
+
+    context = ConversionContext(
+        text_subject.example, tmp_path, DEPLOY, text_subject.recipe, shared=tmp_path / "shared"
+    )
+
+    def half_written(path: Path) -> Path:
+        path.write_bytes(b"half a graph")
+        raise RuntimeError("export interrupted")
+
+    with pytest.raises(RuntimeError, match="export interrupted"):
+        shared_graph(context, "model.fp32.onnx", half_written)
+    assert list((tmp_path / "shared").iterdir()) == []
+
+    def whole(path: Path) -> Path:
+        path.write_bytes(b"a graph")
+        return path
+
+    made = shared_graph(context, "model.fp32.onnx", whole)
+    assert made == tmp_path / "shared" / "model.fp32.onnx" and made.read_bytes() == b"a graph"
+
+
 def test_fused_text_backends_fuse_each_layer_and_say_so(text_subject, tmp_path):
     """The tiny BERT has 2 layers: one attention, two residual LayerNorms and one FFN GELU
     each, one embedding LayerNorm, and a GELU in the classification head."""
@@ -387,9 +452,9 @@ def test_mixed_precision_keeps_the_layer_int8_hurts_most_in_fp32(text_subject, t
     from tuner.backends.onnx_export import int8_options
 
     every_node = tmp_path / "every-node-int8.onnx"
-    quantize_dynamic(
-        str(tmp_path / "strict" / "model.fp32.onnx"), str(every_node), **int8_options(strict)
-    )
+    # The fp32 export it started from (deployed alone, in an intermediate directory of its own).
+    exported = tmp_path / "strict" / "intermediate" / "model.fp32.onnx"
+    quantize_dynamic(str(exported), str(every_node), **int8_options(strict))
     session = ort.InferenceSession(str(every_node), providers=["CPUExecutionProvider"])
     int8_logits = session.run(
         None, {"input_ids": texts.input_ids.numpy(), "attention_mask": texts.attention_mask.numpy()}

@@ -131,8 +131,10 @@ def convert(
     deploy_cfg: DictConfig,
     workdir: Path,
     calibration: Sequence[tuple[torch.Tensor, ...]] = (),
+    shared: Path | None = None,
 ) -> Converted:
-    """Export the model's artifact into `workdir`, load it back, and call it once.
+    """Export the model's artifact into `workdir`, load it back, and call it once. `shared`
+    is the directory the backends converting this model share (`ConversionContext.shared`).
 
     The first call is part of conversion: it is where torch.compile compiles and ONNX Runtime
     plans its memory, costs a deployment pays once and not per request.
@@ -144,7 +146,7 @@ def convert(
     workdir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     artifact = backend.export(
-        model, ConversionContext(example, workdir, deploy_cfg, recipe, calibration)
+        model, ConversionContext(example, workdir, deploy_cfg, recipe, calibration, shared)
     )
     logits_of = backend.load(artifact, deploy_cfg)
     with torch.inference_mode():
@@ -177,6 +179,7 @@ def deploy_on(
     workdir: Path,
     calibration: Sequence[tuple[torch.Tensor, ...]] = (),
     timer: Timer | None = None,
+    shared: Path | None = None,
 ) -> BackendResult:
     """Convert, check and time `model` on one backend, leaving its artifact in `workdir`;
     failures come back as `error`.
@@ -185,6 +188,7 @@ def deploy_on(
         timer: the loaded artifact -> its latency; by default it is timed under `protocol`
             (a study passes its latency table's, `tuner.latency_table`). Where it gives None,
             the result's latency is None and its `logits_of` stays loaded for the caller.
+        shared: the directory the backends converting this model share, as in `convert`.
     """
     started = time.perf_counter()
     gpu = _gpu_of(backend_name, deploy_cfg)
@@ -193,7 +197,7 @@ def deploy_on(
     try:
         with track_peak_memory() as memory:
             converted = convert(
-                backend_name, model, recipe, example, deploy_cfg, workdir, calibration
+                backend_name, model, recipe, example, deploy_cfg, workdir, calibration, shared
             )
             checks = check_outputs(collect_logits(converted.logits_of, val_data), reference)
             if timer is None:

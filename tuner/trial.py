@@ -86,6 +86,9 @@ from tuner.training import EpochResult, TrainResult, batch_loss, initialise_new_
 ARCHITECTURE_ATTR = "architecture"
 # Optuna user attribute of every point: the configuration it belongs to (`budget.configuration_of`).
 CONFIGURATION_ATTR = "configuration"
+# Beside the backends' own directories under a deployment's: what they share (the exported and
+# fused graphs the ONNX Runtime backends of one model start from).
+SHARED_DIR = "shared"
 
 _SUGGEST = {
     FloatDistribution: lambda trial, name, d: trial.suggest_float(
@@ -483,6 +486,7 @@ class Objective:
                             cfg.deploy,
                             workdir / backend,
                             ctx.calibration,
+                            shared=workdir / SHARED_DIR,
                         ).logits_of
                     except Exception as exc:  # timed after training instead
                         console.untimed_before_training(backend, f"{type(exc).__name__}: {exc}")
@@ -614,6 +618,7 @@ class Objective:
                 workdir / backend,
                 ctx.calibration,
                 timer=lambda logits_of, key=keys[backend]: self._latency(logits_of, key),
+                shared=workdir / SHARED_DIR,
             )
             results[backend] = result
         results.update(self._first_latencies(results, keys))

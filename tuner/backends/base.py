@@ -54,14 +54,18 @@ class ExampleInputs:
 @dataclass(frozen=True)
 class ConversionContext:
     """What a conversion may use: example inputs, a scratch directory, the `deploy` config,
-    the model's recipe (PyTorch artifacts ship it beside their weights), and batches of
-    training inputs for backends that calibrate activation ranges (static int8)."""
+    the model's recipe (PyTorch artifacts ship it beside their weights), batches of training
+    inputs for backends that calibrate activation ranges (static int8), and a directory shared
+    by the backends converting this same model under the same `deploy` config, where one keeps
+    what others can start from (an exported or fused graph) instead of making it again; None
+    where nothing is shared."""
 
     example: ExampleInputs
     workdir: Path
     deploy: DictConfig
     recipe: ModelRecipe
     calibration: Sequence[tuple[torch.Tensor, ...]] = ()
+    shared: Path | None = None
 
 
 @dataclass(frozen=True)

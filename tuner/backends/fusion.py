@@ -12,22 +12,24 @@ graph that ships is the one that was timed.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from torch import nn
 
 from tuner.backends.base import ConversionContext
-from tuner.backends.onnx_export import quiet_root_logger
+from tuner.backends.onnx_export import (
+    export_onnx,
+    exported_onnx,
+    quiet_root_logger,
+    shared_graph,
+)
 from tuner.insight.graph import graph_ops
 
 # ONNX Runtime's own operators (its contrib domain): every one in a graph exported from PyTorch
 # was put there by a fusion.
 FUSED_DOMAIN = "com.microsoft"
 ATTENTION_OPS = frozenset({"Attention", "QAttention", "MultiHeadAttention"})
-
-Export = Callable[[nn.Module, ConversionContext, Path], Path]
 
 
 def modality_of(ctx: ConversionContext) -> str:
@@ -36,14 +38,19 @@ def modality_of(ctx: ConversionContext) -> str:
     return MODEL_FAMILIES.get(str(ctx.recipe.model["family"])).modality
 
 
-def fuse_onnx(model: nn.Module, ctx: ConversionContext, export: Export, path: Path) -> Path:
-    """Export `model` (left as it was) and write its fused graph to `path`."""
+def fused_onnx(model: nn.Module, ctx: ConversionContext) -> Path:
+    """The fused fp32 graph of `model` (left as it was), made once per model: the fp32 and the
+    int8 fused backends of one trained model start from the same one (`shared_graph`)."""
+    return shared_graph(ctx, "model.fused.onnx", lambda path: _fuse(model, ctx, path))
+
+
+def _fuse(model: nn.Module, ctx: ConversionContext, path: Path) -> Path:
     if modality_of(ctx) == "text":
-        return _fuse_transformer(model, ctx, export, path)
-    return _fuse_by_runtime(export(model, ctx, ctx.workdir / "model.fp32.onnx"), path)
+        return _fuse_transformer(model, ctx, path)
+    return _fuse_by_runtime(exported_onnx(model, ctx), path)
 
 
-def _fuse_transformer(model: nn.Module, ctx: ConversionContext, export: Export, path: Path) -> Path:
+def _fuse_transformer(model: nn.Module, ctx: ConversionContext, path: Path) -> Path:
     from onnxruntime.transformers.optimizer import optimize_model
 
     encoder = model.encoder
@@ -51,7 +58,7 @@ def _fuse_transformer(model: nn.Module, ctx: ConversionContext, export: Export, 
     own = config._attn_implementation
     encoder.set_attn_implementation("eager")
     try:
-        exported = export(model, ctx, ctx.workdir / "model.fp32.onnx")
+        exported = export_onnx(model, ctx, ctx.workdir / "model.eager_attention.onnx")
     finally:  # the trained model keeps its own attention for the other backends
         encoder.set_attn_implementation(own)
     # The optimizer reports each step through the root logger (INFO under Hydra's logging).

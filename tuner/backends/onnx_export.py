@@ -49,6 +49,28 @@ def export_onnx(model: nn.Module, ctx: ConversionContext, path: Path) -> Path:
     return path
 
 
+def shared_graph(ctx: ConversionContext, name: str, make: Callable[[Path], Path]) -> Path:
+    """The graph `make(path)` writes, made once per model: in `ctx.shared`, where the first
+    backend to need it leaves it for the others (written under a temporary name and renamed,
+    so a failure leaves no half-written graph to reuse); without one, in a directory of the
+    backend's own."""
+    directory = ctx.shared if ctx.shared is not None else ctx.workdir / "intermediate"
+    path = directory / name
+    if not path.exists():
+        directory.mkdir(parents=True, exist_ok=True)
+        partial = directory / f"partial.{name}"
+        try:
+            make(partial).rename(path)
+        finally:
+            partial.unlink(missing_ok=True)
+    return path
+
+
+def exported_onnx(model: nn.Module, ctx: ConversionContext) -> Path:
+    """The model's plain fp32 ONNX export, made once per model (`shared_graph`)."""
+    return shared_graph(ctx, "model.fp32.onnx", lambda path: export_onnx(model, ctx, path))
+
+
 def int8_options(deploy: DictConfig) -> dict[str, Any]:
     """The `deploy.onnx.int8` settings as ONNX Runtime's quantisers take them.
 

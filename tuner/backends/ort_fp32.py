@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 from torch import nn
 
 from tuner.backends.base import ConversionContext
-from tuner.backends.onnx_export import export_onnx, register_onnx_backend
+from tuner.backends.onnx_export import exported_onnx, register_onnx_backend
 
 
 def _export(model: nn.Module, ctx: ConversionContext) -> Path:
-    return export_onnx(model, ctx, ctx.workdir / "model.onnx")
+    # The export other ONNX Runtime backends of this model start from, shipped as it is.
+    return Path(shutil.copyfile(exported_onnx(model, ctx), ctx.workdir / "model.onnx"))
 
 
 register_onnx_backend("onnxruntime", _export)

@@ -6,17 +6,18 @@ operators it holds (`tuner.backends.fusion`)."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 from torch import nn
 
 from tuner.backends.base import ConversionContext
-from tuner.backends.fusion import fuse_onnx, fusion_report, modality_of, read_notes, write_notes
-from tuner.backends.onnx_export import export_onnx, register_onnx_backend
+from tuner.backends.fusion import fused_onnx, fusion_report, modality_of, read_notes, write_notes
+from tuner.backends.onnx_export import register_onnx_backend
 
 
 def _export(model: nn.Module, ctx: ConversionContext) -> Path:
-    artifact = fuse_onnx(model, ctx, export_onnx, ctx.workdir / "model.fused.onnx")
+    artifact = Path(shutil.copyfile(fused_onnx(model, ctx), ctx.workdir / "model.fused.onnx"))
     write_notes(artifact, fusion_report(artifact, modality_of(ctx)))
     return artifact
 

@@ -9,9 +9,8 @@ from pathlib import Path
 from torch import nn
 
 from tuner.backends.base import ConversionContext
-from tuner.backends.fusion import fuse_onnx, fusion_report, read_notes, write_notes
+from tuner.backends.fusion import fused_onnx, fusion_report, read_notes, write_notes
 from tuner.backends.onnx_export import (
-    export_onnx,
     int8_options,
     quiet_root_logger,
     register_onnx_backend,
@@ -23,7 +22,7 @@ def _export(model: nn.Module, ctx: ConversionContext) -> Path:
     import onnx
     from onnxruntime.quantization import quantize_dynamic
 
-    fused = fuse_onnx(model, ctx, export_onnx, ctx.workdir / "model.fused.onnx")
+    fused = fused_onnx(model, ctx)
     artifact = ctx.workdir / "model.fused.int8.onnx"
     with quiet_root_logger():
         quantize_dynamic(

@@ -11,7 +11,7 @@ from torch import nn
 
 from tuner.backends.base import ConversionContext
 from tuner.backends.onnx_export import (
-    export_onnx,
+    exported_onnx,
     int8_options,
     quiet_root_logger,
     register_onnx_backend,
@@ -22,7 +22,7 @@ from tuner.insight.roofline import INT8
 def _export(model: nn.Module, ctx: ConversionContext) -> Path:
     from onnxruntime.quantization import quantize_dynamic
 
-    fp32 = export_onnx(model, ctx, ctx.workdir / "model.fp32.onnx")
+    fp32 = exported_onnx(model, ctx)
     artifact = ctx.workdir / "model.int8.onnx"
     with quiet_root_logger():
         quantize_dynamic(str(fp32), str(artifact), **int8_options(ctx.deploy))

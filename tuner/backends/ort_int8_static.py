@@ -15,7 +15,7 @@ from torch import nn
 
 from tuner.backends.base import ConversionContext, calibration_batches
 from tuner.backends.onnx_export import (
-    export_onnx,
+    exported_onnx,
     int8_options,
     output_nodes,
     quiet_root_logger,
@@ -46,7 +46,7 @@ def _export(model: nn.Module, ctx: ConversionContext) -> Path:
         def get_next(self):
             return next(self.remaining, None)
 
-    fp32 = export_onnx(model, ctx, ctx.workdir / "model.fp32.onnx")
+    fp32 = exported_onnx(model, ctx)
     artifact = ctx.workdir / "model.int8_static.onnx"
     with quiet_root_logger():
         quantize_static(

@@ -20,7 +20,7 @@ from torch import nn
 from tuner.backends.base import ConversionContext, calibration_batches
 from tuner.backends.fusion import read_notes, write_notes
 from tuner.backends.onnx_export import (
-    export_onnx,
+    exported_onnx,
     int8_options,
     load_session,
     quiet_root_logger,
@@ -110,7 +110,7 @@ def _fewest_fp32(
 
 
 def _export(model: nn.Module, ctx: ConversionContext) -> Path:
-    fp32 = export_onnx(model, ctx, ctx.workdir / "model.fp32.onnx")
+    fp32 = exported_onnx(model, ctx)
     quantiser = _Quantiser(fp32, ctx)
     probe = ctx.workdir / "model.probe.onnx"
     sensitivity = {
