@@ -26,18 +26,11 @@ import time
 
 import torch
 import yaml
+from bench_common import StudyData, spread, study_data, train_as_a_trial
 from omegaconf import OmegaConf
 
 from tuner.backends.cpu import isa_flags
-from tuner.config import apply_debug, compose_config, resolve
-from tuner.data import load_splits
-from tuner.edits import apply_edits
 from tuner.latency import cpu_model
-from tuner.models import build_model
-from tuner.retrain import override_keys
-from tuner.space import SearchSpace
-from tuner.study import modality_for
-from tuner.training import batch_loss, initialise_new_layers, train
 from tuner.training.distill import Distillation
 
 
@@ -74,35 +67,13 @@ def edits_of(student: str) -> dict[str, object]:
     return {key.strip(): yaml.safe_load(value) for key, _, value in pairs}
 
 
-def train_once(cfg, splits, modality, train_data, val_data, edits, seed, distillation):
-    """One trial's model and training, as `tuner.trial` builds and trains it."""
-    run_cfg = cfg.copy()
+def train_once(data: StudyData, edits: dict[str, object], seed: int, distillation):
+    """One trial's model, accuracy and training seconds, with the student's `edits`."""
+    cfg = data.cfg.copy()
     for key, value in edits.items():
-        OmegaConf.update(run_cfg, key, value, merge=False)
-    train_cfg = run_cfg.train
-    train_cfg.seed = seed
-    torch.manual_seed(seed)
-    model = build_model(run_cfg.model, splits.num_labels)
-    torch.manual_seed(seed)
-    apply_edits(model, run_cfg.model)
-    initialise_new_layers(model.new_layers(), str(train_cfg.init))
-    started = time.perf_counter()
-    result = train(
-        model,
-        train_data,
-        val_data,
-        train_cfg,
-        batch_loss(modality.name, train_cfg, splits.num_labels),
-        distillation=distillation,
-    )
-    return model, result.val_accuracy, time.perf_counter() - started
-
-
-def spread(values: list[float], digits: int) -> str:
-    return (
-        f"{statistics.median(values):.{digits}f} "
-        f"[{min(values):.{digits}f}-{max(values):.{digits}f}]"
-    )
+        OmegaConf.update(cfg, key, value, merge=False)
+    model, result, seconds = train_as_a_trial(cfg, data, seed, distillation=distillation)
+    return model, result.val_accuracy, seconds
 
 
 def losses(alphas: list[float], hidden_weights: list[float]) -> list[tuple[float, float]]:
@@ -142,14 +113,11 @@ def table(runs: list[dict], compared: list[tuple[float, float]]) -> str:
 def main() -> int:
     args = parse_args()
     torch.set_num_threads(args.threads)
-    cfg = resolve(apply_debug(compose_config(args.overrides), override_keys(args.overrides)))
-    splits = load_splits(cfg.data)
-    modality = modality_for(cfg, SearchSpace(), splits)
-    train_data = modality.encode(splits.train.items, splits.train.labels)
-    val_data = modality.encode(splits.val.items, splits.val.labels)
+    data = study_data(args.overrides)
+    train_data, val_data = data.train_data, data.val_data
     print(f"CPU: {cpu_model()}; flags: {isa_flags()}", flush=True)
     teacher, teacher_accuracy, teacher_seconds = train_once(
-        cfg, splits, modality, train_data, val_data, {}, int(cfg.train.seed), None
+        data, {}, int(data.cfg.train.seed), None
     )
     print(f"teacher (unedited): val accuracy {teacher_accuracy:.4f}, {teacher_seconds:.1f} s")
     started = time.perf_counter()
@@ -166,16 +134,7 @@ def main() -> int:
                     if alpha > 0
                     else None
                 )
-                _, accuracy, seconds = train_once(
-                    cfg,
-                    splits,
-                    modality,
-                    train_data,
-                    val_data,
-                    edits_of(student),
-                    seed,
-                    distillation,
-                )
+                _, accuracy, seconds = train_once(data, edits_of(student), seed, distillation)
                 runs.append(
                     {
                         "student": student,

@@ -21,23 +21,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-import time
 
 import torch
+from bench_common import StudyData, spread, study_data, train_as_a_trial
 from omegaconf import OmegaConf
 
 from tuner.backends.cpu import isa_flags
-from tuner.config import apply_debug, compose_config, resolve
-from tuner.data import load_splits
-from tuner.edits import apply_edits
 from tuner.latency import cpu_model
-from tuner.models import build_model
-from tuner.retrain import override_keys
-from tuner.space import SearchSpace
-from tuner.study import modality_for
-from tuner.training import Placement, batch_loss, initialise_new_layers, train
+from tuner.training import Placement
 
 
 def parse_args() -> argparse.Namespace:
@@ -73,38 +65,18 @@ class _CountingTokens:
             yield batch
 
 
-def train_once(cfg, splits, modality, train_data, val_data, seed: int, variant: str) -> dict:
-    """One trial's model and training, as `tuner.trial` builds and trains it."""
-    cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist([variant]))
-    train_cfg = cfg.train.copy()
-    train_cfg.seed = seed
-    torch.manual_seed(seed)
-    model = build_model(cfg.model, splits.num_labels)
-    torch.manual_seed(seed)
-    apply_edits(model, cfg.model)
-    initialise_new_layers(model.new_layers(), str(train_cfg.init))
-    counted = _CountingTokens(train_data)
-    started = time.perf_counter()
-    result = train(
-        model,
-        counted,
-        val_data,
-        train_cfg,
-        batch_loss(modality.name, train_cfg, splits.num_labels),
-    )
+def train_once(data: StudyData, seed: int, variant: str) -> dict:
+    """One trial's model and training under `variant`, counting the tokens it trained on."""
+    cfg = OmegaConf.merge(data.cfg, OmegaConf.from_dotlist([variant]))
+    counted = _CountingTokens(data.train_data)
+    _, result, seconds = train_as_a_trial(cfg, data, seed, train_data=counted)
     return {
         "seed": seed,
         "variant": variant,
-        "train_seconds": time.perf_counter() - started,
+        "train_seconds": seconds,
         "tokens": counted.tokens,
         "val_accuracy": result.val_accuracy,
     }
-
-
-def spread(values: list[float], digits: int) -> str:
-    low, high = min(values), max(values)
-    middle = statistics.median(values)
-    return f"{middle:.{digits}f} [{low:.{digits}f}-{high:.{digits}f}]"
 
 
 def table(runs: list[dict], variants: list[str]) -> str:
@@ -142,18 +114,13 @@ def table(runs: list[dict], variants: list[str]) -> str:
 def main() -> int:
     args = parse_args()
     torch.set_num_threads(args.threads)
-    # A debug profile (`debug=smoke`) shrinks the run as it shrinks `python -m tuner`.
-    cfg = resolve(apply_debug(compose_config(args.overrides), override_keys(args.overrides)))
-    splits = load_splits(cfg.data)
-    modality = modality_for(cfg, SearchSpace(), splits)
+    data = study_data(args.overrides)
     for variant in args.variants:  # a variant this machine cannot train is refused up front
-        Placement.of(OmegaConf.merge(cfg, OmegaConf.from_dotlist([variant])).train)
-    train_data = modality.encode(splits.train.items, splits.train.labels)
-    val_data = modality.encode(splits.val.items, splits.val.labels)
+        Placement.of(OmegaConf.merge(data.cfg, OmegaConf.from_dotlist([variant])).train)
     runs = []
     for seed in args.seeds:
         for variant in args.variants:
-            run = train_once(cfg, splits, modality, train_data, val_data, seed, variant)
+            run = train_once(data, seed, variant)
             print(
                 f"seed {seed}, {variant}: {run['train_seconds']:.1f} s, "
                 f"val_accuracy {run['val_accuracy']:.4f}",
@@ -161,7 +128,7 @@ def main() -> int:
             )
             runs.append(run)
     print(
-        f"{' '.join(args.overrides)}; {len(train_data)} training examples, "
+        f"{' '.join(args.overrides)}; {len(data.train_data)} training examples, "
         f"{args.threads} threads; {cpu_model()}, flags {isa_flags()}\n"
     )
     print(table(runs, args.variants))

@@ -14,6 +14,7 @@ from torch import nn
 
 from tuner.checks import check_config
 from tuner.config import compose_config, resolve
+from tuner.devices import describe
 from tuner.errors import ConfigError
 from tuner.space import build_search_space
 from tuner.training import Placement
@@ -36,7 +37,7 @@ def _checked(*overrides: str, space: dict | None = None) -> None:
 def test_auto_trains_on_the_cpu_of_a_machine_without_a_gpu():
     placement = Placement.of(train_cfg(device="auto"))
     assert placement.device == torch.device("cpu")
-    assert placement.describe() == "cpu"
+    assert describe(placement.device) == "cpu"
 
 
 @NO_GPU

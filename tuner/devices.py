@@ -47,9 +47,14 @@ def resolve_device(spec: str, key: str, allow_auto: bool = False) -> torch.devic
     return device
 
 
+def gpu_index(device: torch.device) -> int:
+    """The index of the GPU a CUDA device means (`cuda` alone: the current one)."""
+    return torch.cuda.current_device() if device.index is None else device.index
+
+
 def describe(device: torch.device) -> str:
     """`cpu`, or `cuda:0 (<GPU model>)`."""
     if device.type != "cuda":
         return "cpu"
-    index = torch.cuda.current_device() if device.index is None else device.index
+    index = gpu_index(device)
     return f"cuda:{index} ({torch.cuda.get_device_name(index)})"

@@ -29,6 +29,7 @@ from omegaconf import DictConfig
 
 from tuner.backends.base import ExampleInputs
 from tuner.backends.cpu import isa_flags
+from tuner.devices import gpu_index
 
 
 @dataclass(frozen=True)
@@ -161,6 +162,7 @@ def time_rounds(
     each callable in turn. Returns name -> rounds of milliseconds."""
     rounds = protocol.rounds if rounds is None else rounds
     timings: dict[str, list[list[float]]] = {name: [] for name in callables}
+    clocks = {name: _clock_of(logits_of) for name, logits_of in callables.items()}
     with pinned_threads(protocol.num_threads), torch.inference_mode():
         for logits_of in callables.values():
             for _ in range(protocol.warmup):
@@ -169,19 +171,32 @@ def time_rounds(
             for name, logits_of in callables.items():
                 if index > 0 and len(callables) > 1:
                     logits_of(*inputs.tensors)
-                calls = [_call_ms(logits_of, inputs) for _ in range(protocol.calls_per_round)]
+                timed = clocks[name]
+                calls = [timed(logits_of, inputs) for _ in range(protocol.calls_per_round)]
                 timings[name].append(calls)
     return timings
 
 
-def _call_ms(logits_of: Callable[..., torch.Tensor], inputs: ExampleInputs) -> float:
-    """Milliseconds of one call: wall-clock on the CPU; for a callable running on a GPU (one
-    with a CUDA `device`), between two CUDA events, the GPU idle before the first."""
+Clock = Callable[[Callable[..., torch.Tensor], ExampleInputs], float]
+
+
+def _clock_of(logits_of: Callable[..., torch.Tensor]) -> Clock:
+    """How a callable's calls are timed: by the wall clock, or between CUDA events for one
+    that runs on a GPU (it has a CUDA `device`)."""
     device = getattr(logits_of, "device", None)
-    if not isinstance(device, torch.device) or device.type != "cuda":
-        started = time.perf_counter()
-        logits_of(*inputs.tensors)
-        return (time.perf_counter() - started) * 1000
+    on_gpu = isinstance(device, torch.device) and device.type == "cuda"
+    return _gpu_call_ms if on_gpu else _wall_call_ms
+
+
+def _wall_call_ms(logits_of: Callable[..., torch.Tensor], inputs: ExampleInputs) -> float:
+    started = time.perf_counter()
+    logits_of(*inputs.tensors)
+    return (time.perf_counter() - started) * 1000
+
+
+def _gpu_call_ms(logits_of: Callable[..., torch.Tensor], inputs: ExampleInputs) -> float:
+    """Between two CUDA events, the GPU idle before the first."""
+    device = logits_of.device  # type: ignore[attr-defined]
     torch.cuda.synchronize(device)
     with torch.cuda.device(device):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -198,7 +213,7 @@ def gpu_record(device_spec: str, prefix: str = "") -> dict[str, str]:
     device = torch.device(device_spec)
     if device.type != "cuda":
         return {}
-    index = torch.cuda.current_device() if device.index is None else device.index
+    index = gpu_index(device)
     values = {
         "gpu": torch.cuda.get_device_name(index),
         "gpu_driver": _nvidia_driver(index),

@@ -18,7 +18,7 @@ from tuner.backends.torch_files import export_weights, load_weights
 # Why the compiled backends' points have no operator graph.
 INDUCTOR_KERNELS = (
     "runs code Inductor generates when the artifact is loaded: its kernels are no operator "
-    "graph to dump (its profile names them)"
+    "graph to dump"
 )
 
 

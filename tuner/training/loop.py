@@ -14,6 +14,7 @@ from omegaconf import DictConfig
 from torch import nn
 
 from tuner.data.batches import Encoded
+from tuner.devices import describe
 from tuner.errors import TrialFailed
 from tuner.training.mixing import BatchLoss
 from tuner.training.optim import build_optimizer
@@ -133,7 +134,8 @@ def _train_placed(
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, _linear_warmup_decay(total_steps, float(cfg.warmup_ratio))
     )
-    result, started, step = TrainResult(trained_on=placement.describe()), time.perf_counter(), 0
+    result = TrainResult(trained_on=describe(placement.device))
+    started, step = time.perf_counter(), 0
     # The teacher watches the student's layers while it trains, never afterwards.
     teaching = distillation.teaching(model) if distillation is not None else nullcontext()
     with teaching:

@@ -23,7 +23,7 @@ from torch import nn
 
 from tuner.backends.cpu import native_bf16_unavailable
 from tuner.data.batches import Batch
-from tuner.devices import describe, resolve_device
+from tuner.devices import resolve_device
 from tuner.errors import ConfigError, TrialFailed
 from tuner.registry import Registry
 
@@ -88,10 +88,6 @@ class Placement:
     @property
     def on_cuda(self) -> bool:
         return self.device.type == "cuda"
-
-    def describe(self) -> str:
-        """The device as a point records it."""
-        return describe(self.device)
 
     def batch(self, batch: Batch) -> Batch:
         """The batch's inputs and labels on the device (its index stays with the data)."""

@@ -1,0 +1,83 @@
+"""What the training benchmarks share: the study's data composed as `python -m tuner` would
+compose it, one model built and trained as a trial does, and a median [range] cell.
+
+Imported by scripts in this directory (run as `python scripts/NAME.py`, which puts it first on
+the path)."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+from omegaconf import DictConfig
+
+from tuner.config import apply_debug, compose_config, resolve
+from tuner.data import Splits, load_splits
+from tuner.data.batches import Encoded
+from tuner.edits import apply_edits
+from tuner.modalities import Modality
+from tuner.models import build_model
+from tuner.retrain import override_keys
+from tuner.space import SearchSpace
+from tuner.study import modality_for
+from tuner.training import TrainResult, batch_loss, initialise_new_layers, train
+from tuner.training.distill import Distillation
+
+
+@dataclass(frozen=True)
+class StudyData:
+    cfg: DictConfig
+    splits: Splits
+    modality: Modality
+    train_data: Encoded
+    val_data: Encoded
+
+
+def study_data(overrides: list[str]) -> StudyData:
+    """The composed config (a debug profile such as `debug=smoke` shrinks it as it shrinks
+    `python -m tuner`) and its data, encoded once."""
+    cfg = resolve(apply_debug(compose_config(overrides), override_keys(overrides)))
+    splits = load_splits(cfg.data)
+    modality = modality_for(cfg, SearchSpace(), splits)
+    train_data = modality.encode(splits.train.items, splits.train.labels)
+    val_data = modality.encode(splits.val.items, splits.val.labels)
+    return StudyData(cfg, splits, modality, train_data, val_data)
+
+
+def train_as_a_trial(
+    cfg: DictConfig,
+    data: StudyData,
+    seed: int,
+    train_data: Encoded | None = None,
+    distillation: Distillation | None = None,
+) -> tuple[torch.nn.Module, TrainResult, float]:
+    """The model of `cfg` built, edited, initialised and trained with `seed` as `tuner.trial`
+    does it (on `train_data`, the study's by default); with its training seconds."""
+    train_cfg = cfg.train.copy()
+    train_cfg.seed = seed
+    num_labels = data.splits.num_labels
+    torch.manual_seed(seed)
+    model = build_model(cfg.model, num_labels)
+    torch.manual_seed(seed)
+    apply_edits(model, cfg.model)
+    initialise_new_layers(model.new_layers(), str(train_cfg.init))
+    started = time.perf_counter()
+    result = train(
+        model,
+        data.train_data if train_data is None else train_data,
+        data.val_data,
+        train_cfg,
+        batch_loss(data.modality.name, train_cfg, num_labels),
+        distillation=distillation,
+    )
+    return model, result, time.perf_counter() - started
+
+
+def spread(values: list[float], digits: int) -> str:
+    """`median [lowest-highest]`."""
+    return (
+        f"{statistics.median(values):.{digits}f} "
+        f"[{min(values):.{digits}f}-{max(values):.{digits}f}]"
+    )
