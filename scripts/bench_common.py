@@ -22,6 +22,7 @@ from tuner.models import build_model
 from tuner.retrain import override_keys
 from tuner.space import SearchSpace
 from tuner.study import modality_for
+from tuner.teacher import student_of
 from tuner.training import TrainResult, batch_loss, initialise_new_layers, train
 from tuner.training.distill import Distillation
 
@@ -52,17 +53,23 @@ def train_as_a_trial(
     seed: int,
     train_data: Encoded | None = None,
     distillation: Distillation | None = None,
+    teacher: torch.nn.Module | None = None,
 ) -> tuple[torch.nn.Module, TrainResult, float]:
     """The model of `cfg` built, edited, initialised and trained with `seed` as `tuner.trial`
-    does it (on `train_data`, the study's by default); with its training seconds."""
+    does it (on `train_data`, the study's by default); with its training seconds. Given a
+    `teacher`, the model starts from its weights (`train.distill.start_from=teacher`)."""
     train_cfg = cfg.train.copy()
     train_cfg.seed = seed
     num_labels = data.splits.num_labels
-    torch.manual_seed(seed)
-    model = build_model(cfg.model, num_labels)
-    torch.manual_seed(seed)
-    apply_edits(model, cfg.model)
-    initialise_new_layers(model.new_layers(), str(train_cfg.init))
+    if teacher is not None:
+        model = student_of(teacher, cfg.model)
+        torch.manual_seed(seed)
+    else:
+        torch.manual_seed(seed)
+        model = build_model(cfg.model, num_labels)
+        torch.manual_seed(seed)
+        apply_edits(model, cfg.model)
+        initialise_new_layers(model.new_layers(), str(train_cfg.init))
     started = time.perf_counter()
     result = train(
         model,

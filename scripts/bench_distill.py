@@ -1,15 +1,18 @@
 """Accuracy of shrunken models trained with and without distillation from the study's teacher.
 
 Trains the teacher a study with `train.distill.teacher=auto` trains (the unedited model, the
-experiment's own knobs, `train.seed`), then every student architecture once per seed and per
-`train.distill.alpha` (0 = not distilled), interleaved seed by seed, and prints a table:
-validation accuracy (median and range over seeds), the gain over the same architecture and seed
-without distillation, and training seconds (the cost of the teacher's logits and, for mixed
-batches, its forward passes). Students of one architecture share one latency, so the accuracy
-gain is a gain at the same latency.
+experiment's own knobs, `train.seed`), then every student architecture once per seed, per
+`train.distill.alpha` (0 = not distilled) and per `train.distill.start_from` (the pretrained
+weights, or the teacher's with the student's edits applied; at alpha 0 this is the start alone,
+which a study's trials never use: they have no teacher at alpha 0), interleaved seed by seed, and
+prints a table: validation accuracy (median and range over seeds), the gain over the same
+architecture and seed trained plainly (from pretrained, alpha 0), and training seconds (the
+cost of the teacher's logits and, for mixed batches, its forward passes). Students of one
+architecture share one latency, so the accuracy gain is a gain at the same latency.
 
     python scripts/bench_distill.py --students model.ffn_width=768,model.num_layers=3 \\
-        model.ffn_width=768,model.num_layers=4 -- +experiment=bert_ffn
+        model.ffn_width=768,model.num_layers=4 --start-from pretrained teacher \\
+        -- +experiment=bert_ffn
     python scripts/bench_distill.py --students model.width_multiplier=0.25 \\
         -- +experiment=resnet_mixup
 
@@ -53,6 +56,14 @@ def parse_args() -> argparse.Namespace:
         help="weights of the hidden-state term (train.distill.hidden_weight; transformers), "
         "each tried with every alpha",
     )
+    parser.add_argument(
+        "--start-from",
+        nargs="+",
+        choices=["pretrained", "teacher"],
+        default=["pretrained"],
+        help="weights the students start from (train.distill.start_from), each tried with "
+        "every loss",
+    )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json", help="also write every run's figures to this file")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides (after --)")
@@ -67,44 +78,56 @@ def edits_of(student: str) -> dict[str, object]:
     return {key.strip(): yaml.safe_load(value) for key, _, value in pairs}
 
 
-def train_once(data: StudyData, edits: dict[str, object], seed: int, distillation):
-    """One trial's model, accuracy and training seconds, with the student's `edits`."""
+def train_once(data: StudyData, edits: dict[str, object], seed: int, distillation, start_from=None):
+    """One trial's model, accuracy and training seconds, with the student's `edits`, started
+    from the pretrained weights or from `start_from` (the teacher)."""
     cfg = data.cfg.copy()
     for key, value in edits.items():
         OmegaConf.update(cfg, key, value, merge=False)
-    model, result, seconds = train_as_a_trial(cfg, data, seed, distillation=distillation)
+    model, result, seconds = train_as_a_trial(
+        cfg, data, seed, distillation=distillation, teacher=start_from
+    )
     return model, result.val_accuracy, seconds
 
 
-def losses(alphas: list[float], hidden_weights: list[float]) -> list[tuple[float, float]]:
-    """(alpha, hidden-state weight) of every training compared, plain training first."""
-    return [(0.0, 0.0)] + [(a, h) for a in alphas for h in hidden_weights]
+# What one training of a student is compared by: where it starts, alpha, hidden-state weight.
+Training = tuple[str, float, float]
+PLAIN: Training = ("pretrained", 0.0, 0.0)
 
 
-def table(runs: list[dict], compared: list[tuple[float, float]]) -> str:
+def trainings(
+    starts: list[str], alphas: list[float], hidden_weights: list[float]
+) -> list[Training]:
+    """Every training compared, plain training (from pretrained, not distilled) first."""
+    losses = [(0.0, 0.0)] + [(a, h) for a in alphas for h in hidden_weights]
+    compared = [(start, a, h) for start in starts for a, h in losses]
+    return [PLAIN] + [t for t in compared if t != PLAIN]
+
+
+def _training_of(run: dict) -> Training:
+    return (run["start_from"], run["alpha"], run["hidden_weight"])
+
+
+def table(runs: list[dict], compared: list[Training]) -> str:
     lines = [
-        "| student | alpha | hidden weight | val accuracy (median [range]) | gain over alpha 0, "
-        "per seed (points) | median gain | train s |",
-        "|---|---:|---:|---|---|---:|---:|",
+        "| student | starts from | alpha | hidden weight | val accuracy (median [range]) | "
+        "gain over plain training, per seed (points) | median gain | train s |",
+        "|---|---|---:|---:|---|---|---:|---:|",
     ]
-    plain = {(r["student"], r["seed"]): r for r in runs if r["alpha"] == 0}
+    plain = {(r["student"], r["seed"]): r for r in runs if _training_of(r) == PLAIN}
     for student in dict.fromkeys(r["student"] for r in runs):
-        for alpha, hidden_weight in compared:
-            mine = [
-                r
-                for r in runs
-                if r["student"] == student
-                and r["alpha"] == alpha
-                and r["hidden_weight"] == hidden_weight
-            ]
+        for training in compared:
+            mine = [r for r in runs if r["student"] == student and _training_of(r) == training]
             gains = [
                 100 * (r["val_accuracy"] - plain[student, r["seed"]]["val_accuracy"]) for r in mine
             ]
+            start, alpha, hidden_weight = training
+            is_plain = training == PLAIN
             lines.append(
-                f"| {student} | {alpha:g} | {hidden_weight:g} | "
+                f"| {student} | {start} | {alpha:g} | {hidden_weight:g} | "
                 f"{spread([r['val_accuracy'] for r in mine], 4)} | "
-                + ("-" if alpha == 0 else ", ".join(f"{g:+.2f}" for g in gains))
-                + f" | {'-' if alpha == 0 else f'{statistics.median(gains):+.2f}'} | "
+                + ("-" if is_plain else ", ".join(f"{g:+.2f}" for g in gains))
+                + f" | {'-' if is_plain else f'{statistics.median(gains):+.2f}'} | "
                 f"{statistics.median(r['train_seconds'] for r in mine):.1f} |"
             )
     return "\n".join(lines)
@@ -124,20 +147,27 @@ def main() -> int:
     teacher_logits = Distillation.of(teacher, 0.0, 1.0, train_data).train_logits
     logits_seconds = time.perf_counter() - started
     print(f"teacher logits of the {len(train_data)} training examples: {logits_seconds:.1f} s")
-    compared = losses(args.alphas, args.hidden_weights)
+    compared = trainings(args.start_from, args.alphas, args.hidden_weights)
     runs = []
     for seed in args.seeds:
         for student in args.students:
-            for alpha, hidden_weight in compared:
+            for start, alpha, hidden_weight in compared:
                 distillation = (
                     Distillation(teacher, alpha, args.temperature, teacher_logits, hidden_weight)
                     if alpha > 0
                     else None
                 )
-                _, accuracy, seconds = train_once(data, edits_of(student), seed, distillation)
+                _, accuracy, seconds = train_once(
+                    data,
+                    edits_of(student),
+                    seed,
+                    distillation,
+                    start_from=teacher if start == "teacher" else None,
+                )
                 runs.append(
                     {
                         "student": student,
+                        "start_from": start,
                         "alpha": alpha,
                         "hidden_weight": hidden_weight,
                         "seed": seed,
@@ -146,7 +176,8 @@ def main() -> int:
                     }
                 )
                 print(
-                    f"seed {seed} {student} alpha {alpha:g} hidden {hidden_weight:g}: "
+                    f"seed {seed} {student} from {start} alpha {alpha:g} "
+                    f"hidden {hidden_weight:g}: "
                     f"{accuracy:.4f} ({seconds:.1f} s)",
                     flush=True,
                 )

@@ -8,9 +8,11 @@ import math
 import pytest
 import torch
 from conftest import TINY_BERT, separable_texts, train_cfg
+from omegaconf import OmegaConf
 
 from tuner.data.batches import Batch
 from tuner.data.tokens import TokenizedTexts
+from tuner.teacher import student_of
 from tuner.training import batch_loss, collect_logits, train
 from tuner.training.distill import Distillation, LayerOutputs, hidden_loss, soft_loss
 from tuner.training.mixing import BatchOutput
@@ -155,3 +157,41 @@ def test_hidden_states_transfer_pulls_the_students_layers_towards_the_teachers(t
         assert all(not layer._forward_hooks for layer in student.encoder.encoder.layer)
         distances[weight] = _hidden_distance(student, teacher, data)
     assert distances[1.0] < 0.5 * distances[0.0]
+
+
+def test_a_student_starts_from_the_teachers_weights_with_its_edits_applied(tiny_bert):
+    teacher = tiny_bert
+    up = "encoder.encoder.layer.0.intermediate.dense"
+    down = "encoder.encoder.layer.0.output.dense"
+    layers = teacher.encoder.encoder.layer
+    with torch.no_grad():
+        # Neurons 3 and 1000 of every FFN are made by far the most important (their row of
+        # the up-projection and column of the down-projection 1000 times the others').
+        for layer in layers:
+            layer.intermediate.dense.weight[[3, 1000]] *= 1000
+            layer.output.dense.weight[:, [3, 1000]] *= 1000
+    before = {k: v.clone() for k, v in teacher.state_dict().items()}
+    edits = OmegaConf.create({**TINY_BERT.model, "ffn_width": 2, "num_layers": 1})
+
+    student = student_of(teacher, edits)
+
+    theirs = teacher.state_dict()
+    mine = student.state_dict()
+    # The bottom layer kept, its FFN down to neurons 3 and 1000, everything else the teacher's
+    # own (embeddings, attention, norms, pooler and the trained head: nothing initialised).
+    assert len(student.encoder.encoder.layer) == 1
+    assert torch.equal(mine[f"{up}.weight"], theirs[f"{up}.weight"][[3, 1000]])
+    assert torch.equal(mine[f"{up}.bias"], theirs[f"{up}.bias"][[3, 1000]])
+    assert torch.equal(mine[f"{down}.weight"], theirs[f"{down}.weight"][:, [3, 1000]])
+    assert torch.equal(mine[f"{down}.bias"], theirs[f"{down}.bias"])
+    assert sorted(mine) == sorted(k for k in theirs if ".layer.1." not in k)
+    for name, value in mine.items():
+        if not name.startswith((up, down)):
+            assert torch.equal(value, theirs[name]), name
+    # The teacher is left whole and shares no tensor with the student.
+    with torch.no_grad():
+        for parameter in student.parameters():
+            parameter.add_(1.0)
+    assert len(layers) == 2 and layers[0].intermediate.dense.out_features == 1536
+    for name, value in teacher.state_dict().items():
+        assert torch.equal(value, before[name]), name

@@ -143,7 +143,7 @@ def test_bench_training_compares_random_and_grouped_batches_by_default(tmp_path)
     assert all(0 <= run["val_accuracy"] <= 1 for run in runs.values())
 
 
-def test_bench_distill_compares_each_loss_with_plain_training(tmp_path):
+def test_bench_distill_compares_each_loss_and_start_with_plain_training(tmp_path):
     runs_file = tmp_path / "distill.json"
     result = run_script(
         "bench_distill.py",
@@ -156,6 +156,9 @@ def test_bench_distill_compares_each_loss_with_plain_training(tmp_path):
         "--hidden-weights",
         "0",
         "1",
+        "--start-from",
+        "pretrained",
+        "teacher",
         "--json",
         str(runs_file),
         "--",
@@ -164,14 +167,25 @@ def test_bench_distill_compares_each_loss_with_plain_training(tmp_path):
         cwd=tmp_path,
     )
     cells = [row for row in table_cells(result.stdout) if row[0].startswith("model.")]
-    # Plain training, then alpha 0.5 without and with the hidden-state term.
-    assert [(row[1], row[2]) for row in cells] == [("0", "0"), ("0.5", "0"), ("0.5", "1")]
+    # Plain training, alpha 0.5 without and with the hidden-state term, then the same three
+    # starting from the teacher.
+    compared = [
+        ("pretrained", 0.0, 0.0),
+        ("pretrained", 0.5, 0.0),
+        ("pretrained", 0.5, 1.0),
+        ("teacher", 0.0, 0.0),
+        ("teacher", 0.5, 0.0),
+        ("teacher", 0.5, 1.0),
+    ]
+    assert [(row[1], float(row[2]), float(row[3])) for row in cells] == compared
     runs = json.loads(runs_file.read_text())["runs"]
-    accuracy = {(run["alpha"], run["hidden_weight"]): run["val_accuracy"] for run in runs}
-    assert len(runs) == 3 and all(0 <= a <= 1 for a in accuracy.values())
-    # Each distilled row's gain is its accuracy minus plain training's, in points.
-    for row, loss in zip(cells[1:], [(0.5, 0.0), (0.5, 1.0)], strict=True):
-        assert row[4] == f"{100 * (accuracy[loss] - accuracy[0.0, 0.0]):+.2f}"
+    accuracy = {
+        (run["start_from"], run["alpha"], run["hidden_weight"]): run["val_accuracy"] for run in runs
+    }
+    assert len(runs) == 6 and all(0 <= a <= 1 for a in accuracy.values())
+    # Each row's gain is its accuracy minus plain training's, in points.
+    for row, training in zip(cells[1:], compared[1:], strict=True):
+        assert row[5] == f"{100 * (accuracy[training] - accuracy[compared[0]]):+.2f}"
 
 
 def test_bench_repeatability_times_each_variant_in_fresh_processes_taking_turns(tmp_path):

@@ -118,17 +118,24 @@ def test_the_teacher_is_trained_once_stored_and_reused_by_resumes(study_dir, cap
 def test_a_trial_named_as_teacher_is_its_configuration_trained_again(study_dir):
     _run(study_dir, "train.distill.alpha=0", "debug.overrides.study.n_trials=1")
     (first,) = _configurations(_study(study_dir))
-    _run(
-        study_dir,
+    recorded = len(_study(study_dir).trials)
+    named = (
         "train.distill.alpha=0.5",
         "train.distill.teacher=0",
         "debug.overrides.study.n_trials=3",
     )
+    # bert_ffn's distilled students start from the teacher, and trial 0 is an edited
+    # configuration: refused before anything trains.
+    with pytest.raises(ConfigError, match=r"train.distill.teacher=0 is already edited \(model\."):
+        _run(study_dir, *named)
+    assert len(_study(study_dir).trials) == recorded
+    _run(study_dir, *named, "train.distill.start_from=pretrained")
     study = _study(study_dir)
     (teacher,) = _teacher_trials(study)
     assert teacher.system_attrs[TRIAL_ATTR]["params"] == {
         **first.params,
         "train.distill.alpha": 0.0,
+        "train.distill.start_from": "pretrained",
     }
     assert study.user_attrs[STORED_ATTR]["0"]["trial"] == teacher.number
     # Training is seeded: the configuration trained again is the same model.
@@ -210,3 +217,83 @@ def test_a_stored_teacher_of_other_labels_or_inputs_is_refused(study_dir):
     other_vocabulary = _stored_teacher(study_dir / "b", ["neg", "pos"], name_or_path="bert-base")
     with pytest.raises(ConfigError, match="reads inputs of model.name_or_path=bert-base"):
         _run(study_dir, "train.distill.alpha=0.5", f"train.distill.teacher={other_vocabulary}")
+
+
+@pytest.mark.slow
+def test_distilled_students_can_start_from_the_teachers_weights_and_retrain_from_them(
+    study_dir, capsys
+):
+    # Students barely move from where they start (their rate is drawn from one tiny value;
+    # the teacher trains at the experiment's own) and keep the whole architecture, so a student
+    # that starts from the teacher predicts what the teacher does.
+    students = (
+        "search_space={train.lr:'choice(1e-12)'}",
+        "model.ffn_width_fraction=1.0",
+        "model.num_layers_fraction=1.0",
+        "train.distill.start_from=teacher",
+    )
+    _run(study_dir, *students, "train.distill.alpha=0.5")
+    study = _study(study_dir)
+    (teacher,) = _teacher_trials(study)
+    (student,) = [t for t in _configurations(study) if t.number != teacher.number]
+    assert teacher.system_attrs[TRIAL_ATTR]["params"]["train.distill.start_from"] == "pretrained"
+    assert student.params["train.lr"] == 1e-12
+    accuracy = teacher.user_attrs[EAGER_ACCURACY_ATTR]
+    assert student.user_attrs[EAGER_ACCURACY_ATTR] == accuracy
+    # The retraining command pins the teacher it started from; it starts there again.
+    stored = study.user_attrs[STORED_ATTR]["auto"]["uri"]
+    client = MlflowClient(f"sqlite:///{study_dir}/mlflow.db")
+    run = client.get_run(student.user_attrs["mlflow_run_id"])
+    assert run.data.tags["tuner.teacher"] == stored
+    command = shlex.split(run.data.tags["tuner.retrain"])
+    overrides = OverridesParser.create().parse_overrides(command[3:])
+    assert {o.key_or_group: o.value() for o in overrides}["train.distill.teacher"] == stored
+    run_study(compose_config(command[3:]), overrides=command[3:])
+    retrained_name = f"bert_ffn-retrain-{student.number}-eager-smoke"
+    (retrained,) = _study(study_dir, retrained_name).get_trials(states=(TrialState.COMPLETE,))
+    assert retrained.user_attrs[EAGER_ACCURACY_ATTR] == accuracy
+
+    # At alpha 0 there is no teacher: the same student starts from the pretrained weights,
+    # with a notice, and predicts otherwise (the equality above is the teacher's doing).
+    other = study_dir / "plain"
+    other.mkdir()
+    capsys.readouterr()
+    _run(other, *students, "train.distill.alpha=0", "debug.overrides.study.n_trials=1")
+    assert "train.distill.start_from=teacher does nothing in this study" in capsys.readouterr().out
+    (plain,) = _study(other).trials
+    assert TRIAL_ATTR not in plain.system_attrs
+    assert plain.user_attrs[EAGER_ACCURACY_ATTR] != accuracy
+
+
+def test_starting_from_the_teacher_is_refused_where_its_weights_cannot_seed_students(study_dir):
+    with pytest.raises(ConfigError, match="key 'train.distill.start_from'.*pretrained or teacher"):
+        _run(study_dir, "train.distill.start_from=scratch")
+    # A CNN whose width is searched is built anew at each width, not edited from a model.
+    args = [
+        "+experiment=resnet_mixup",
+        "debug=smoke",
+        f"study.storage=sqlite:///{study_dir}/optuna.db",
+        f"tracking.uri=sqlite:///{study_dir}/mlflow.db",
+        "train.distill.start_from=teacher",
+    ]
+    with pytest.raises(
+        ConfigError,
+        match="key 'train.distill.start_from'.*the space searches model.width_multiplier",
+    ):
+        run_study(compose_config(args), overrides=args)
+    labels = ["fresh", "rotten"]
+    edited = _stored_teacher(study_dir / "a", labels, ffn_width=16)
+    with pytest.raises(ConfigError, match=r"is already edited \(model.ffn_width=16\)"):
+        _run(study_dir, "train.distill.start_from=teacher", f"train.distill.teacher={edited}")
+    other_dropout = _stored_teacher(study_dir / "b", labels, dropout=0.3)
+    with pytest.raises(
+        ConfigError, match="has model.dropout=0.3, the study's model has model.dropout=0.1"
+    ):
+        _run(
+            study_dir, "train.distill.start_from=teacher", f"train.distill.teacher={other_dropout}"
+        )
+    # Every refusal came before any trial.
+    for name in optuna.get_all_study_names(f"sqlite:///{study_dir}/optuna.db"):
+        assert not optuna.load_study(
+            study_name=name, storage=f"sqlite:///{study_dir}/optuna.db"
+        ).trials

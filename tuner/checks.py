@@ -20,6 +20,7 @@ from tuner.models import MODEL_FAMILIES
 from tuner.registry import Registry
 from tuner.samplers import SAMPLERS
 from tuner.space import SearchSpace
+from tuner.teacher import START_POINTS
 from tuner.training import INIT_SCHEMES, OPTIMIZERS, TRAIN_PRECISIONS, Placement
 
 REGISTRY_KEYS: dict[str, Registry[Any]] = {
@@ -86,6 +87,10 @@ VALUE_RULES: dict[str, Rule] = {
     ),
     "train.distill.temperature": POSITIVE,
     "train.distill.hidden_weight": NON_NEGATIVE,
+    "train.distill.start_from": (
+        lambda v: v in START_POINTS,
+        "must be " + " or ".join(START_POINTS),
+    ),
     "train.distill.teacher": (
         lambda v: (
             (isinstance(v, int) and not isinstance(v, bool) and v >= 0)

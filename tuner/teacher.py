@@ -2,11 +2,14 @@
 the study, and handed to every student.
 
 `auto` is the unedited model trained with the experiment's own values of the searched keys; a
-trial number is that trial's configuration trained again. Either is trained in a trial of the
-study (so it is also a point of the front) before any student, and stored as an MLflow artifact
-of that trial's run (`teacher/`: safetensors weights with the model's recipe, and the label
-names) named by a study attribute; every worker and every resume loads it from there. A stored
-teacher (`runs:/<run id>/teacher`, or a directory holding those files) is used as it is.
+trial number is that trial's configuration trained again. A student learns from its outputs
+(`train.distill.alpha`; a trial at alpha 0 has no teacher) and may also start from its weights
+(`train.distill.start_from`), its structural edits applied to them. Either teacher is trained
+in a trial of the study (so it is also a point of the front) before any student, and stored as
+an MLflow artifact of that trial's run (`teacher/`: safetensors weights with the model's recipe,
+and the label names) named by a study attribute; every worker and every resume loads it from
+there. A stored teacher (`runs:/<run id>/teacher`, or a directory holding those files) is used
+as it is.
 
 Two workers starting together agree on one teacher trial: it is created WAITING and the storage
 lets exactly one worker move it to RUNNING; the others wait for it. A worker that dies while
@@ -15,6 +18,7 @@ training it stops beating, and the trial is queued again like any other.
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 import tempfile
@@ -34,7 +38,7 @@ from tuner import console
 from tuner.backends.torch_files import load_weights, read_recipe, save_weights
 from tuner.budget import BACKEND_KEY, RETRY_HISTORY
 from tuner.data.batches import Encoded
-from tuner.edits import EDITS
+from tuner.edits import EDITS, apply_edits
 from tuner.errors import ConfigError, StudyStopped
 from tuner.models import MODEL_FAMILIES
 from tuner.optuna_compat import trial_id_of
@@ -44,6 +48,9 @@ from tuner.training.distill import Distillation
 
 KEY = "train.distill.teacher"
 ALPHA_KEY = "train.distill.alpha"
+START_KEY = "train.distill.start_from"
+# The weights a student starts from (`train.distill.start_from`).
+START_POINTS = ("pretrained", "teacher")
 # Study user attribute: teacher reference (`auto`, a trial number) -> where it is stored.
 STORED_ATTR = "teachers"
 # System attribute of a teacher trial: the reference it trains and the params it trains with.
@@ -54,13 +61,35 @@ _LABELS = "labels.json"
 _ARTIFACT_URI = re.compile(r"^(runs|models|mlflow-artifacts|file|s3|gs|wasbs|hdfs):/")
 
 
-def distilling(cfg: DictConfig, space: SearchSpace) -> bool:
-    """Whether any trial of the study can learn from a teacher."""
+def _candidates(cfg: DictConfig, space: SearchSpace, key: str) -> list[Any]:
     from tuner.checks import candidate_values
 
-    searched = space.distributions.get(ALPHA_KEY)
-    alphas = candidate_values(searched) if searched else [cfg.train.distill.alpha]
-    return any(float(alpha) > 0 for alpha in alphas)
+    searched = space.distributions.get(key)
+    return candidate_values(searched) if searched else [OmegaConf.select(cfg, key)]
+
+
+def distilling(cfg: DictConfig, space: SearchSpace) -> bool:
+    """Whether any trial of the study can learn from a teacher."""
+    return any(float(alpha) > 0 for alpha in _candidates(cfg, space, ALPHA_KEY))
+
+
+def starts_from_teacher(train_cfg: DictConfig) -> bool:
+    """Whether a trial of `train_cfg` starts from the teacher's weights: only one that learns
+    from it (alpha 0 is no teacher at all)."""
+    return float(train_cfg.distill.alpha) > 0 and train_cfg.distill.start_from == "teacher"
+
+
+def student_of(teacher: nn.Module, model_cfg: DictConfig) -> nn.Module:
+    """A student that starts from the teacher's weights: a copy of it (the teacher is left as
+    it is) with the student's structural edits applied. Every layer, the head included, was
+    trained on this task, so none is initialised anew."""
+    student = copy.deepcopy(teacher)
+    apply_edits(student, model_cfg)
+    return student
+
+
+def _edit_keys() -> set[str]:
+    return {f"model.{EDITS.get(name).config_key}" for name in EDITS}
 
 
 def is_trained_in_study(reference: Any) -> bool:
@@ -81,10 +110,10 @@ def teacher_params(
 ) -> dict[str, Any]:
     """The values a teacher trial trains with: every searched key (the backend aside) at the
     experiment's own value, structural edits off (`auto`), or a trial's configuration; never
-    distilled itself."""
+    distilled itself, and started from the model's own weights."""
     number = _trial_number(reference)
     if number is None:
-        edit_keys = {f"model.{EDITS.get(name).config_key}" for name in EDITS}
+        edit_keys = _edit_keys()
         params = {
             key: None if key in edit_keys else OmegaConf.select(cfg, key)
             for key in space.distributions
@@ -100,7 +129,7 @@ def teacher_params(
                 "of this study, auto, or a stored teacher (runs:/<run id>/teacher or a directory)"
             )
         params = {k: v for k, v in chosen.params.items() if k != BACKEND_KEY}
-    return {**params, ALPHA_KEY: 0.0}
+    return {**params, ALPHA_KEY: 0.0, START_KEY: "pretrained"}
 
 
 @dataclass(frozen=True)
@@ -177,7 +206,9 @@ class Teachers:
     label_names: list[str]
     # Set for a teacher the study trains itself: the params its trial trains with.
     params: dict[str, Any] | None = None
-    _loaded: tuple[str, nn.Module, torch.Tensor] | None = field(default=None, repr=False)
+    # The loaded teacher, and its logits of the training set, with where they were read from.
+    _model: tuple[str, nn.Module] | None = field(default=None, repr=False)
+    _logits: tuple[str, torch.Tensor] | None = field(default=None, repr=False)
 
     def location(self, stored: Mapping[str, Any]) -> str | None:
         """Where the teacher is: the study attribute's record for a trained one."""
@@ -186,23 +217,27 @@ class Teachers:
         record = (stored.get(STORED_ATTR) or {}).get(str(self.reference))
         return None if record is None else str(record["uri"])
 
-    def distillation(
-        self, train_cfg: DictConfig, train_data: Encoded, stored: Mapping[str, Any]
-    ) -> Distillation:
+    def model(self, stored: Mapping[str, Any]) -> nn.Module:
+        """The teacher, loaded once (students must not change it: copy it to start from)."""
         location = self.location(stored)
         if location is None:
             raise StudyStopped(f"no teacher is stored for {KEY}={self.reference}")
-        if self._loaded is None or self._loaded[0] != location:
-            model = StoredTeacher.load(location, self.tracking_uri).model()
-            logits = Distillation.of(model, 0.0, 1.0, train_data).train_logits
-            self._loaded = (location, model, logits)
-        _, model, logits = self._loaded
+        if self._model is None or self._model[0] != location:
+            self._model = (location, StoredTeacher.load(location, self.tracking_uri).model())
+        return self._model[1]
+
+    def distillation(
+        self, train_cfg: DictConfig, train_data: Encoded, stored: Mapping[str, Any]
+    ) -> Distillation:
+        model, location = self.model(stored), str(self.location(stored))
+        if self._logits is None or self._logits[0] != location:
+            self._logits = (location, Distillation.of(model, 0.0, 1.0, train_data).train_logits)
         distill = train_cfg.distill
         return Distillation(
             model,
             float(distill.alpha),
             float(distill.temperature),
-            logits,
+            self._logits[1],
             float(distill.hidden_weight),
         )
 
@@ -316,6 +351,8 @@ def teachers_for(
 ) -> Teachers | None:
     """The study's teacher, checked before anything trains; None when nothing distils."""
     if not distilling(cfg, space):
+        if "teacher" in _candidates(cfg, space, START_KEY):
+            console.start_from_teacher_unused()
         return None
     family = MODEL_FAMILIES.get(str(cfg.model.family))
     if float(cfg.train.distill.hidden_weight) > 0 and not family.layer_stack:
@@ -328,6 +365,10 @@ def teachers_for(
     uri = str(cfg.tracking.uri)
     if is_trained_in_study(reference):
         params = teacher_params(cfg, space, reference, trials)
+        model = OmegaConf.to_container(cfg.model, resolve=True)
+        assert isinstance(model, dict)
+        model.update({k[len("model.") :]: v for k, v in params.items() if k.startswith("model.")})
+        _check_start_from(cfg, space, model, f"{KEY}={reference}")
         return Teachers(reference, uri, list(label_names), params)
     location = str(reference)
     try:
@@ -335,6 +376,7 @@ def teachers_for(
     except OSError as exc:
         raise ConfigError(f"Invalid config: key '{KEY}': {exc}") from None
     stored.check_fits(cfg.model, label_names, location)
+    _check_start_from(cfg, space, stored.recipe.model, f"the teacher at {location}")
     try:
         stored.model()
     except Exception as exc:  # weights that do not fill the recipe's architecture
@@ -343,6 +385,43 @@ def teachers_for(
             f"{type(exc).__name__}: {exc}"
         ) from None
     return Teachers(location, uri, list(label_names))
+
+
+def _check_start_from(
+    cfg: DictConfig, space: SearchSpace, teacher_model: Mapping[str, Any], teacher: str
+) -> None:
+    """Students that start from the teacher's weights apply their own edits to them: refuse a
+    teacher that is already edited, or whose architecture differs from the study's in anything
+    but those edits (searched or fixed), naming the key."""
+    if "teacher" not in _candidates(cfg, space, START_KEY):
+        return
+    edit_keys = _edit_keys()
+    why = (
+        f"Invalid config: key '{START_KEY}': teacher: students start from the teacher's weights "
+        "with their own structural edits applied"
+    )
+    built = [k for k in space.distributions if k.startswith("model.") and k not in edit_keys]
+    if built:
+        raise ConfigError(
+            f"{why}, and the space searches {built[0]}, which builds another architecture; "
+            "search only edits of the loaded model (model.ffn_width, model.num_layers or their "
+            "fractions), or start from pretrained"
+        )
+    for key in sorted(edit_keys):
+        value = teacher_model.get(key[len("model.") :])
+        if value is not None:
+            raise ConfigError(
+                f"{why}, and {teacher} is already edited ({key}={value}); use an unedited "
+                f"teacher ({KEY}=auto) or start from pretrained"
+            )
+    ours = OmegaConf.to_container(cfg.model, resolve=True)
+    assert isinstance(ours, dict)
+    for name, value in ours.items():
+        if f"model.{name}" not in edit_keys and teacher_model.get(name) != value:
+            raise ConfigError(
+                f"{why}, and {teacher} has model.{name}={teacher_model.get(name)}, the study's "
+                f"model has model.{name}={value}"
+            )
 
 
 def store_after_training(

@@ -78,7 +78,14 @@ from tuner.retrain import retrain_command, retrain_overrides
 from tuner.serving import PointSpec, deploy_config, log_point_model
 from tuner.space import SearchSpace, fits
 from tuner.teacher import KEY as TEACHER_KEY
-from tuner.teacher import Teachers, record_stored, store_after_training, teacher_of
+from tuner.teacher import (
+    Teachers,
+    record_stored,
+    starts_from_teacher,
+    store_after_training,
+    student_of,
+    teacher_of,
+)
 from tuner.tracking import Tracker
 from tuner.training import EpochResult, TrainResult, batch_loss, initialise_new_layers, train
 
@@ -453,8 +460,15 @@ class Objective:
         return {k: v for k, v in logged.items() if k != BACKEND_KEY}
 
     def _untrained(self, cfg: DictConfig) -> nn.Module:
-        """The configuration's model, edited and initialised, before any training."""
-        model = self.context.factory.build(cfg.model, int(cfg.train.seed))
+        """The configuration's model, edited and initialised, before any training: from the
+        model's own weights, or from a copy of the study's teacher."""
+        ctx = self.context
+        if ctx.teachers is not None and starts_from_teacher(cfg.train):
+            stored = ctx.storage.get_study_user_attrs(ctx.study_id)
+            model = student_of(ctx.teachers.model(stored), cfg.model)
+            torch.manual_seed(int(cfg.train.seed))  # training's dropout draws from here on
+            return model
+        model = ctx.factory.build(cfg.model, int(cfg.train.seed))
         torch.manual_seed(int(cfg.train.seed))
         apply_edits(model, cfg.model)
         initialise_new_layers(model.new_layers(), str(cfg.train.init))
@@ -714,7 +728,7 @@ class Objective:
         returns its constraint values (none for a failed point), for its trial."""
         ctx = self.context
         params = {**trained.params, BACKEND_KEY: result.backend}
-        # A distilled point retrains from the very teacher it learnt from.
+        # A distilled point retrains from the very teacher it learnt from (and started from).
         pinned = {**params, TEACHER_KEY: trained.teacher_location}
         overrides = retrain_overrides(
             ctx.serving.overrides,
