@@ -78,14 +78,14 @@ def edits_of(student: str) -> dict[str, object]:
     return {key.strip(): yaml.safe_load(value) for key, _, value in pairs}
 
 
-def train_once(data: StudyData, edits: dict[str, object], seed: int, distillation, start_from=None):
+def train_once(data: StudyData, edits: dict[str, object], seed: int, distillation, teacher=None):
     """One trial's model, accuracy and training seconds, with the student's `edits`, started
-    from the pretrained weights or from `start_from` (the teacher)."""
+    from the pretrained weights or, given one, from the `teacher`'s."""
     cfg = data.cfg.copy()
     for key, value in edits.items():
         OmegaConf.update(cfg, key, value, merge=False)
     model, result, seconds = train_as_a_trial(
-        cfg, data, seed, distillation=distillation, teacher=start_from
+        cfg, data, seed, distillation=distillation, teacher=teacher
     )
     return model, result.val_accuracy, seconds
 
@@ -162,7 +162,7 @@ def main() -> int:
                     edits_of(student),
                     seed,
                     distillation,
-                    start_from=teacher if start == "teacher" else None,
+                    teacher=teacher if start == "teacher" else None,
                 )
                 runs.append(
                     {

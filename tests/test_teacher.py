@@ -145,10 +145,18 @@ def test_a_trial_named_as_teacher_is_its_configuration_trained_again(study_dir):
 
 
 @pytest.mark.slow
-def test_a_distilled_point_retrains_to_the_same_accuracy(study_dir):
-    _run(study_dir, "train.distill.alpha=0.9")
+@pytest.mark.parametrize("start_from", ["pretrained", "teacher"])
+def test_a_distilled_point_retrains_to_the_same_accuracy(study_dir, start_from):
+    _run(
+        study_dir,
+        "train.distill.alpha=0.9",
+        f"train.distill.start_from={start_from}",
+        "debug.overrides.study.n_trials=3",
+    )
     study = _study(study_dir)
-    (student,) = [t for t in _configurations(study) if TRIAL_ATTR not in t.system_attrs]
+    # The second student: the teacher was loaded in this process before it trained, not in
+    # its retraining run; its training must not depend on that.
+    *_, student = [t for t in _configurations(study) if TRIAL_ATTR not in t.system_attrs]
     client = MlflowClient(f"sqlite:///{study_dir}/mlflow.db")
     command = shlex.split(
         client.get_run(student.user_attrs["mlflow_run_id"]).data.tags["tuner.retrain"]
@@ -220,9 +228,7 @@ def test_a_stored_teacher_of_other_labels_or_inputs_is_refused(study_dir):
 
 
 @pytest.mark.slow
-def test_distilled_students_can_start_from_the_teachers_weights_and_retrain_from_them(
-    study_dir, capsys
-):
+def test_distilled_students_can_start_from_the_teachers_weights_and_retrain_from_them(study_dir):
     # Students barely move from where they start (their rate is drawn from one tiny value;
     # the teacher trains at the experiment's own) and keep the whole architecture, so a student
     # that starts from the teacher predicts what the teacher does.
@@ -247,19 +253,26 @@ def test_distilled_students_can_start_from_the_teachers_weights_and_retrain_from
     assert run.data.tags["tuner.teacher"] == stored
     command = shlex.split(run.data.tags["tuner.retrain"])
     overrides = OverridesParser.create().parse_overrides(command[3:])
-    assert {o.key_or_group: o.value() for o in overrides}["train.distill.teacher"] == stored
+    pinned = {o.key_or_group: o.value() for o in overrides}
+    assert pinned["train.distill.teacher"] == stored
+    assert pinned["train.distill.start_from"] == run.data.tags["tuner.start_from"] == "teacher"
     run_study(compose_config(command[3:]), overrides=command[3:])
     retrained_name = f"bert_ffn-retrain-{student.number}-eager-smoke"
     (retrained,) = _study(study_dir, retrained_name).get_trials(states=(TrialState.COMPLETE,))
     assert retrained.user_attrs[EAGER_ACCURACY_ATTR] == accuracy
 
-    # At alpha 0 there is no teacher: the same student starts from the pretrained weights,
-    # with a notice, and predicts otherwise (the equality above is the teacher's doing).
+    # A resume whose model differs from the stored teacher's in anything but the edits is
+    # refused: its students would be copies of a model it does not describe.
+    with pytest.raises(
+        ConfigError, match="has model.dropout=0.1, the study's model has model.dropout=0.2"
+    ):
+        _run(study_dir, *students, "train.distill.alpha=0.5", "model.dropout=0.2")
+
+    # At alpha 0 there is no teacher: the same student starts from the pretrained weights and
+    # predicts otherwise (the equality above is the teacher's doing).
     other = study_dir / "plain"
     other.mkdir()
-    capsys.readouterr()
     _run(other, *students, "train.distill.alpha=0", "debug.overrides.study.n_trials=1")
-    assert "train.distill.start_from=teacher does nothing in this study" in capsys.readouterr().out
     (plain,) = _study(other).trials
     assert TRIAL_ATTR not in plain.system_attrs
     assert plain.user_attrs[EAGER_ACCURACY_ATTR] != accuracy

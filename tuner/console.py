@@ -169,14 +169,6 @@ def teacher_missing(location: str, reason: str) -> None:
     )
 
 
-def start_from_teacher_unused() -> None:
-    console.print(
-        "[yellow]Notice:[/] train.distill.start_from=teacher does nothing in this study: no "
-        "trial learns from a teacher (train.distill.alpha is 0), so every one starts from the "
-        "pretrained weights."
-    )
-
-
 def database_retry(operation: str, error: str, seconds: float) -> None:
     console.print(
         f"  [yellow]database unavailable during {operation} ({error}); retrying for up to "

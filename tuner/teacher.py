@@ -223,7 +223,12 @@ class Teachers:
         if location is None:
             raise StudyStopped(f"no teacher is stored for {KEY}={self.reference}")
         if self._model is None or self._model[0] != location:
-            self._model = (location, StoredTeacher.load(location, self.tracking_uri).model())
+            # Building the architecture before its weights are read draws from the global
+            # generator; a trial's training, seeded before, must not depend on whether the
+            # teacher was loaded already in this process.
+            with torch.random.fork_rng():
+                model = StoredTeacher.load(location, self.tracking_uri).model()
+            self._model = (location, model)
         return self._model[1]
 
     def distillation(
@@ -348,11 +353,10 @@ def teachers_for(
     space: SearchSpace,
     label_names: Sequence[str],
     trials: Sequence[FrozenTrial],
+    study_attrs: Mapping[str, Any],
 ) -> Teachers | None:
     """The study's teacher, checked before anything trains; None when nothing distils."""
     if not distilling(cfg, space):
-        if "teacher" in _candidates(cfg, space, START_KEY):
-            console.start_from_teacher_unused()
         return None
     family = MODEL_FAMILIES.get(str(cfg.model.family))
     if float(cfg.train.distill.hidden_weight) > 0 and not family.layer_stack:
@@ -365,18 +369,19 @@ def teachers_for(
     uri = str(cfg.tracking.uri)
     if is_trained_in_study(reference):
         params = teacher_params(cfg, space, reference, trials)
-        model = OmegaConf.to_container(cfg.model, resolve=True)
-        assert isinstance(model, dict)
-        model.update({k[len("model.") :]: v for k, v in params.items() if k.startswith("model.")})
-        _check_start_from(cfg, space, model, f"{KEY}={reference}")
-        return Teachers(reference, uri, list(label_names), params)
+        teachers = Teachers(reference, uri, list(label_names), params)
+        if _starts_from_teacher_anywhere(cfg, space):
+            teacher_model = _architecture(cfg, params, teachers, study_attrs)
+            _check_start_from(cfg, space, teacher_model, f"{KEY}={reference}")
+        return teachers
     location = str(reference)
     try:
         stored = StoredTeacher.load(location, uri)
     except OSError as exc:
         raise ConfigError(f"Invalid config: key '{KEY}': {exc}") from None
     stored.check_fits(cfg.model, label_names, location)
-    _check_start_from(cfg, space, stored.recipe.model, f"the teacher at {location}")
+    if _starts_from_teacher_anywhere(cfg, space):
+        _check_start_from(cfg, space, stored.recipe.model, f"the teacher at {location}")
     try:
         stored.model()
     except Exception as exc:  # weights that do not fill the recipe's architecture
@@ -387,14 +392,34 @@ def teachers_for(
     return Teachers(location, uri, list(label_names))
 
 
+def _starts_from_teacher_anywhere(cfg: DictConfig, space: SearchSpace) -> bool:
+    return "teacher" in _candidates(cfg, space, START_KEY)
+
+
+def _architecture(
+    cfg: DictConfig, params: Mapping[str, Any], teachers: Teachers, study_attrs: Mapping[str, Any]
+) -> Mapping[str, Any]:
+    """The `model` config of a teacher the study trains: as stored, once it is (a resume with
+    other model settings must not start students from a model it no longer describes); else
+    the study's with the teacher's params."""
+    location = teachers.location(study_attrs)
+    if location is not None:
+        try:
+            return StoredTeacher.load(location, teachers.tracking_uri).recipe.model
+        except OSError:  # gone: it is trained again, from the params below
+            pass
+    model = OmegaConf.to_container(cfg.model, resolve=True)
+    assert isinstance(model, dict)
+    model.update({k[len("model.") :]: v for k, v in params.items() if k.startswith("model.")})
+    return model
+
+
 def _check_start_from(
     cfg: DictConfig, space: SearchSpace, teacher_model: Mapping[str, Any], teacher: str
 ) -> None:
     """Students that start from the teacher's weights apply their own edits to them: refuse a
     teacher that is already edited, or whose architecture differs from the study's in anything
     but those edits (searched or fixed), naming the key."""
-    if "teacher" not in _candidates(cfg, space, START_KEY):
-        return
     edit_keys = _edit_keys()
     why = (
         f"Invalid config: key '{START_KEY}': teacher: students start from the teacher's weights "
@@ -403,9 +428,9 @@ def _check_start_from(
     built = [k for k in space.distributions if k.startswith("model.") and k not in edit_keys]
     if built:
         raise ConfigError(
-            f"{why}, and the space searches {built[0]}, which builds another architecture; "
-            "search only edits of the loaded model (model.ffn_width, model.num_layers or their "
-            "fractions), or start from pretrained"
+            f"{why}, and the space searches {built[0]}, which is no structural edit of a loaded "
+            "model (a student copied from the teacher could not follow it); search only "
+            "model.ffn_width, model.num_layers or their fractions, or start from pretrained"
         )
     for key in sorted(edit_keys):
         value = teacher_model.get(key[len("model.") :])

@@ -16,7 +16,7 @@ import json
 import math
 import tempfile
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +79,7 @@ from tuner.serving import PointSpec, deploy_config, log_point_model
 from tuner.space import SearchSpace, fits
 from tuner.teacher import KEY as TEACHER_KEY
 from tuner.teacher import (
+    START_KEY,
     Teachers,
     record_stored,
     starts_from_teacher,
@@ -242,9 +243,10 @@ class _Trained:
     # Backend -> the digest of this architecture's key in the study's latency table (None: the
     # backend's artifacts are timed each on its own).
     latency_keys: dict[str, str | None]
-    # Where the teacher it learnt from is stored (None: not distilled), pinned in its
-    # retraining command.
-    teacher_location: str | None = None
+    # For a distilled model: where the teacher it learnt from is stored and where it started
+    # from (`train.distill.teacher`, `train.distill.start_from`), pinned in its retraining
+    # command; empty when not distilled.
+    teacher_pins: dict[str, Any] = field(default_factory=dict)
     # For the study's teacher: the `train.distill.teacher` reference it was trained for.
     teacher_for: str | None = None
     # Floating-point operations of one call at the deployment's input shape (None: the
@@ -529,12 +531,16 @@ class Objective:
     ) -> _Trained:
         ctx = self.context
         curve: list[float] = []
-        distillation, teacher_location = None, None
+        distillation, teacher_pins = None, {}
         if ctx.teachers is not None and float(cfg.train.distill.alpha) > 0:
             attrs = ctx.storage.get_study_user_attrs(ctx.study_id)
-            teacher_location = ctx.teachers.location(attrs)
+            start_from = str(cfg.train.distill.start_from)
+            teacher_pins = {TEACHER_KEY: ctx.teachers.location(attrs), START_KEY: start_from}
             distillation = ctx.teachers.distillation(cfg.train, ctx.train_data, attrs)
-            ctx.tracker.set_tags(run_id, {"tuner.teacher": str(teacher_location)})
+            ctx.tracker.set_tags(
+                run_id,
+                {"tuner.teacher": str(teacher_pins[TEACHER_KEY]), "tuner.start_from": start_from},
+            )
 
         def end_of_epoch(epoch: EpochResult) -> None:
             metrics = {"train_loss": epoch.train_loss, "val_accuracy": epoch.val_accuracy}
@@ -602,7 +608,7 @@ class Objective:
             trial.number,
             baseline,
             {backend: key and digest_of(key) for backend, key in keys.items()},
-            teacher_location,
+            teacher_pins,
             teacher_for,
             flops,
         )
@@ -728,11 +734,10 @@ class Objective:
         returns its constraint values (none for a failed point), for its trial."""
         ctx = self.context
         params = {**trained.params, BACKEND_KEY: result.backend}
-        # A distilled point retrains from the very teacher it learnt from (and started from).
-        pinned = {**params, TEACHER_KEY: trained.teacher_location}
+        # A distilled point retrains from the very teacher it learnt from, started as it was.
         overrides = retrain_overrides(
             ctx.serving.overrides,
-            pinned if trained.teacher_location else params,
+            {**params, **trained.teacher_pins},
             ctx.serving.study_name,
             f"{trained.trained_in}-{result.backend}",
             ctx.serving.profile_keys,
