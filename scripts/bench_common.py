@@ -16,15 +16,14 @@ from omegaconf import DictConfig
 from tuner.config import apply_debug, compose_config, resolve
 from tuner.data import Splits, load_splits
 from tuner.data.batches import Encoded
-from tuner.edits import apply_edits
 from tuner.modalities import Modality
 from tuner.models import build_model
 from tuner.retrain import override_keys
 from tuner.space import SearchSpace
 from tuner.study import modality_for
-from tuner.teacher import student_of
-from tuner.training import TrainResult, batch_loss, initialise_new_layers, train
+from tuner.training import TrainResult, batch_loss, train
 from tuner.training.distill import Distillation
+from tuner.trial import untrained_model
 
 
 @dataclass(frozen=True)
@@ -58,18 +57,18 @@ def train_as_a_trial(
     """The model of `cfg` built, edited, initialised and trained with `seed` as `tuner.trial`
     does it (on `train_data`, the study's by default); with its training seconds. Given a
     `teacher`, the model starts from its weights (`train.distill.start_from=teacher`)."""
-    train_cfg = cfg.train.copy()
-    train_cfg.seed = seed
+    cfg = cfg.copy()
+    cfg.train.seed = seed
+    train_cfg = cfg.train
     num_labels = data.splits.num_labels
-    if teacher is not None:
-        model = student_of(teacher, cfg.model)
-        torch.manual_seed(seed)
-    else:
-        torch.manual_seed(seed)
-        model = build_model(cfg.model, num_labels)
-        torch.manual_seed(seed)
-        apply_edits(model, cfg.model)
-        initialise_new_layers(model.new_layers(), str(train_cfg.init))
+
+    def build() -> torch.nn.Module:
+        # Seeded on its own, as the study's model cache builds it.
+        with torch.random.fork_rng():
+            torch.manual_seed(seed)
+            return build_model(cfg.model, num_labels)
+
+    model = untrained_model(cfg, build, teacher)
     started = time.perf_counter()
     result = train(
         model,

@@ -206,7 +206,9 @@ class Teachers:
     label_names: list[str]
     # Set for a teacher the study trains itself: the params its trial trains with.
     params: dict[str, Any] | None = None
-    # The loaded teacher, and its logits of the training set, with where they were read from.
+    # The teacher's files (fetched once), the loaded teacher and its logits of the training
+    # set, each with where they were read from.
+    _files: tuple[str, StoredTeacher] | None = field(default=None, repr=False)
     _model: tuple[str, nn.Module] | None = field(default=None, repr=False)
     _logits: tuple[str, torch.Tensor] | None = field(default=None, repr=False)
 
@@ -217,18 +219,25 @@ class Teachers:
         record = (stored.get(STORED_ATTR) or {}).get(str(self.reference))
         return None if record is None else str(record["uri"])
 
-    def model(self, stored: Mapping[str, Any]) -> nn.Module:
-        """The teacher, loaded once (students must not change it: copy it to start from)."""
+    def files(self, stored: Mapping[str, Any]) -> StoredTeacher:
+        """The teacher's files, fetched once; OSError when they are gone."""
         location = self.location(stored)
         if location is None:
             raise StudyStopped(f"no teacher is stored for {KEY}={self.reference}")
+        if self._files is None or self._files[0] != location:
+            self._files = (location, StoredTeacher.load(location, self.tracking_uri))
+        return self._files[1]
+
+    def model(self, stored: Mapping[str, Any]) -> nn.Module:
+        """The teacher, loaded once (students must not change it: copy it to start from)."""
+        location = str(self.location(stored))
         if self._model is None or self._model[0] != location:
+            files = self.files(stored)
             # Building the architecture before its weights are read draws from the global
             # generator; a trial's training, seeded before, must not depend on whether the
             # teacher was loaded already in this process.
             with torch.random.fork_rng():
-                model = StoredTeacher.load(location, self.tracking_uri).model()
-            self._model = (location, model)
+                self._model = (location, files.model())
         return self._model[1]
 
     def distillation(
@@ -402,10 +411,9 @@ def _architecture(
     """The `model` config of a teacher the study trains: as stored, once it is (a resume with
     other model settings must not start students from a model it no longer describes); else
     the study's with the teacher's params."""
-    location = teachers.location(study_attrs)
-    if location is not None:
+    if teachers.location(study_attrs) is not None:
         try:
-            return StoredTeacher.load(location, teachers.tracking_uri).recipe.model
+            return teachers.files(study_attrs).recipe.model
         except OSError:  # gone: it is trained again, from the params below
             pass
     model = OmegaConf.to_container(cfg.model, resolve=True)

@@ -15,7 +15,7 @@ import copy
 import json
 import math
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -126,6 +126,24 @@ def _fastest(latencies: Mapping[str, LatencyResult | None]) -> float:
 
 def suggest(trial: optuna.Trial, space: Mapping[str, BaseDistribution]) -> dict[str, Any]:
     return {name: _SUGGEST[type(d)](trial, name, d) for name, d in space.items()}
+
+
+def untrained_model(
+    cfg: DictConfig, build: Callable[[], nn.Module], teacher: nn.Module | None = None
+) -> nn.Module:
+    """A trial's model before training: `build`'s (the loaded model) edited and its new layers
+    initialised, or a copy of `teacher` edited; the global generator seeded with `train.seed`
+    either way, since training's dropout draws from it next."""
+    seed = int(cfg.train.seed)
+    if teacher is not None:
+        model = student_of(teacher, cfg.model)
+        torch.manual_seed(seed)
+        return model
+    model = build()
+    torch.manual_seed(seed)
+    apply_edits(model, cfg.model)
+    initialise_new_layers(model.new_layers(), str(cfg.train.init))
+    return model
 
 
 class ModelFactory:
@@ -465,16 +483,12 @@ class Objective:
         """The configuration's model, edited and initialised, before any training: from the
         model's own weights, or from a copy of the study's teacher."""
         ctx = self.context
+        teacher = None
         if ctx.teachers is not None and starts_from_teacher(cfg.train):
-            stored = ctx.storage.get_study_user_attrs(ctx.study_id)
-            model = student_of(ctx.teachers.model(stored), cfg.model)
-            torch.manual_seed(int(cfg.train.seed))  # training's dropout draws from here on
-            return model
-        model = ctx.factory.build(cfg.model, int(cfg.train.seed))
-        torch.manual_seed(int(cfg.train.seed))
-        apply_edits(model, cfg.model)
-        initialise_new_layers(model.new_layers(), str(cfg.train.init))
-        return model
+            teacher = ctx.teachers.model(ctx.storage.get_study_user_attrs(ctx.study_id))
+        return untrained_model(
+            cfg, lambda: ctx.factory.build(cfg.model, int(cfg.train.seed)), teacher
+        )
 
     def _latencies_before_training(
         self, model: nn.Module, cfg: DictConfig, keys: LatencyKeys, workdir: Path
