@@ -3,7 +3,7 @@
 Trains the teacher a study with `train.distill.teacher=auto` trains (the unedited model, the
 experiment's own knobs, `train.seed`), then every student architecture once per seed, per
 `train.distill.alpha` (0 = not distilled) and per `train.distill.start_from` (the pretrained
-weights, or the teacher's with the student's edits applied; at alpha 0 this is the start alone,
+weights, or the teacher's cut to the student's size; at alpha 0 this is the start alone,
 which a study's trials never use: they have no teacher at alpha 0), interleaved seed by seed, and
 prints a table: validation accuracy (median and range over seeds), the gain over the same
 architecture and seed trained plainly (from pretrained, alpha 0), and training seconds (the
@@ -14,7 +14,7 @@ architecture share one latency, so the accuracy gain is a gain at the same laten
         model.ffn_width=768,model.num_layers=4 --start-from pretrained teacher \\
         -- +experiment=bert_ffn
     python scripts/bench_distill.py --students model.width_multiplier=0.25 \\
-        -- +experiment=resnet_mixup
+        --start-from pretrained teacher -- +experiment=resnet_mixup
 
 Extra arguments after `--` are Hydra overrides (default: `+experiment=bert_ffn`).
 """

@@ -12,6 +12,7 @@ from omegaconf import OmegaConf
 
 from tuner.data.batches import Batch
 from tuner.data.tokens import TokenizedTexts
+from tuner.models import build_model
 from tuner.teacher import student_of
 from tuner.training import batch_loss, collect_logits, train
 from tuner.training.distill import Distillation, LayerOutputs, hidden_loss, soft_loss
@@ -173,7 +174,8 @@ def test_a_student_starts_from_the_teachers_weights_with_its_edits_applied(tiny_
     before = {k: v.clone() for k, v in teacher.state_dict().items()}
     edits = OmegaConf.create({**TINY_BERT.model, "ffn_width": 2, "num_layers": 1})
 
-    student = student_of(teacher, edits)
+    # A transformer student is a copy of its teacher, edited: nothing is built for it.
+    student = student_of(teacher, edits, build=lambda: pytest.fail("built a student anew"))
 
     theirs = teacher.state_dict()
     mine = student.state_dict()
@@ -195,3 +197,135 @@ def test_a_student_starts_from_the_teachers_weights_with_its_edits_applied(tiny_
     assert len(layers) == 2 and layers[0].intermediate.dense.out_features == 1536
     for name, value in teacher.state_dict().items():
         assert torch.equal(value, before[name]), name
+
+
+_RESNET = {"family": "timm", "name": "resnet18", "in_chans": 1, "drop_rate": 0.0, "kwargs": {}}
+
+
+def _resnet(**sizes) -> torch.nn.Module:
+    cfg = OmegaConf.create({**_RESNET, "width_multiplier": None, "depth": None, **sizes})
+    return build_model(cfg, 10)
+
+
+def _gate(norm: torch.nn.BatchNorm2d, channels: list[int], scale: float = 1.0) -> None:
+    """Make `channels` the norm's important ones: scale `scale` there, 1e-3 elsewhere."""
+    norm.weight.fill_(1e-3)
+    norm.weight[channels] = scale
+
+
+def test_a_narrower_shallower_resnet_starts_from_the_teachers_most_important_channels():
+    torch.manual_seed(0)
+    teacher = _resnet().eval()  # resnet18 at full width: stages of 64, 128, 256, 512 channels
+    net = teacher.net
+    with torch.no_grad():
+        for norm in (m for m in net.modules() if isinstance(m, torch.nn.BatchNorm2d)):
+            norm.weight.uniform_(0.5, 1.5)
+            norm.bias.uniform_(-0.5, 0.5)
+            norm.running_mean.uniform_(-1, 1)
+            norm.running_var.uniform_(0.5, 2)
+        # Stage 1 (no projection shortcut in the teacher: 64 channels in, 64 out): its kept
+        # channels are chosen by its first block's last norm alone; the second block, which
+        # the 1-block student drops, gates other channels and must not count.
+        stage1 = list(range(0, 64, 4))
+        _gate(net.layer1[0].bn2, stage1)
+        _gate(net.layer1[1].bn2, list(range(1, 17)), scale=10.0)
+        inner1 = list(range(48, 64))
+        _gate(net.layer1[0].bn1, inner1)
+        # Stage 2: the residual branch's norm gates 24 channels, the projection's 8 more.
+        stage2 = [*range(24), *range(100, 108)]
+        _gate(net.layer2[0].bn2, stage2[:24])
+        _gate(net.layer2[0].downsample[1], stage2[24:])
+        inner2 = list(range(96, 128))
+        _gate(net.layer2[0].bn1, inner2)
+        _gate(net.layer4[0].bn2, list(range(1, 129)))
+        _gate(net.layer4[0].downsample[1], list(range(1, 129)))
+    before = {k: v.clone() for k, v in teacher.state_dict().items()}
+
+    # Width 0.25 (16, 32, 64, 128 channels), one block per stage.
+    sizes = {"width_multiplier": 0.25, "depth": 1}
+    student = student_of(teacher, OmegaConf.create({**_RESNET, **sizes}), lambda: _resnet(**sizes))
+
+    mine, theirs = student.net, net
+    assert [len(getattr(mine, f"layer{i}")) for i in (1, 2, 3, 4)] == [1, 1, 1, 1]
+    assert torch.equal(mine.conv1.weight, theirs.conv1.weight)  # the stem, whole
+    block, source = mine.layer1[0], theirs.layer1[0]
+    assert torch.equal(block.conv1.weight, source.conv1.weight[inner1])
+    assert torch.equal(block.bn1.running_var, source.bn1.running_var[inner1])
+    assert torch.equal(block.conv2.weight, source.conv2.weight[stage1][:, inner1])
+    assert torch.equal(block.bn2.bias, source.bn2.bias[stage1])
+    # The teacher's stage 1 adds its input unchanged; the student's needs a projection (64
+    # channels in, 16 out), which passes the kept channels through, its norm at the identity.
+    selection = torch.zeros(16, 64)
+    selection[range(16), stage1] = 1.0
+    assert torch.equal(block.downsample[0].weight.reshape(16, 64), selection)
+    assert torch.equal(block.downsample[1].weight, torch.ones(16))
+    assert torch.equal(block.downsample[1].running_var, torch.ones(16))
+    block, source = mine.layer2[0], theirs.layer2[0]
+    assert torch.equal(block.conv1.weight, source.conv1.weight[inner2][:, stage1])
+    assert torch.equal(block.conv2.weight, source.conv2.weight[stage2][:, inner2])
+    assert torch.equal(block.downsample[0].weight, source.downsample[0].weight[stage2][:, stage1])
+    assert torch.equal(block.downsample[1].weight, source.downsample[1].weight[stage2])
+    assert torch.equal(block.bn2.weight, source.bn2.weight[stage2])
+    stage4 = list(range(1, 129))
+    assert torch.equal(mine.fc.weight, theirs.fc.weight[:, stage4])
+    assert torch.equal(mine.fc.bias, theirs.fc.bias)
+    for name, value in teacher.state_dict().items():
+        assert torch.equal(value, before[name]), name
+
+    # At the teacher's own size the student is the teacher, to the last bit.
+    sizes = {"width_multiplier": 1.0, "depth": 2}
+    whole = student_of(teacher, OmegaConf.create({**_RESNET, **sizes}), lambda: _resnet(**sizes))
+    whole.eval()
+    images = torch.randn(4, 1, 28, 28)
+    with torch.no_grad():
+        assert torch.equal(whole(images), teacher(images))
+
+
+@pytest.mark.parametrize("name", ["resnet18", "resnet26", "resnet18d"])
+def test_a_resnet_student_of_the_teachers_size_is_the_teacher(name):
+    # Basic and bottleneck blocks, plain and average-pooled shortcuts.
+    torch.manual_seed(0)
+    teacher = build_model(OmegaConf.create({**_RESNET, "name": name}), 10).eval()
+    with torch.no_grad():
+        for norm in (m for m in teacher.modules() if isinstance(m, torch.nn.BatchNorm2d)):
+            norm.weight.uniform_(0.5, 1.5)
+            norm.running_mean.uniform_(-1, 1)
+    cfg = OmegaConf.create({**_RESNET, "name": name, "width_multiplier": 1.0})
+    student = student_of(teacher, cfg, lambda: build_model(cfg, 10)).eval()
+    images = torch.randn(2, 1, 28, 28)
+    with torch.no_grad():
+        assert torch.equal(student(images), teacher(images))
+
+
+def test_a_quarter_width_bottleneck_resnet_adds_its_input_where_the_teacher_projects_it():
+    # resnet26's first stage: 64 channels in, 256 out (a projection); a quarter of it: 64 out,
+    # no projection. The branch is cut from the teacher's; the shortcut has nothing to take.
+    teacher = build_model(OmegaConf.create({**_RESNET, "name": "resnet26"}), 10)
+    cfg = OmegaConf.create({**_RESNET, "name": "resnet26", "width_multiplier": 0.25})
+    student = student_of(teacher, cfg, lambda: build_model(cfg, 10))
+    first = student.net.layer1[0]
+    assert first.downsample is None and first.conv3.out_channels == 64
+    assert teacher.net.layer1[0].downsample is not None
+    assert student(torch.randn(2, 1, 28, 28)).shape == (2, 10)
+
+
+def test_layers_a_resnet_student_cannot_take_from_the_teacher_are_named():
+    # Squeeze-and-excitation layers are not narrowed channel by channel.
+    teacher = build_model(OmegaConf.create({**_RESNET, "name": "seresnet18"}), 10)
+    cfg = OmegaConf.create({**_RESNET, "name": "seresnet18", "width_multiplier": 0.5})
+    with pytest.raises(ValueError, match=r"no teacher weights for layer1\.0\.se\.fc1\.weight"):
+        student_of(teacher, cfg, lambda: build_model(cfg, 10))
+
+
+@pytest.mark.parametrize(
+    ("sizes", "message"),
+    [
+        ({"width_multiplier": 0.5, "depth": 1}, "layer1 has 32 channels, the teacher's only 16"),
+        ({"width_multiplier": 0.25, "depth": 2}, "layer1 has 2 blocks, the teacher's only 1"),
+    ],
+)
+def test_a_resnet_student_larger_than_its_teacher_is_refused(sizes, message):
+    teacher = _resnet(width_multiplier=0.25, depth=1)
+    student_cfg = OmegaConf.create({**_RESNET, "width_multiplier": None, "depth": None, **sizes})
+    with pytest.raises(ValueError, match=message):
+        student_of(teacher, student_cfg, build=lambda: build_model(student_cfg, 10))

@@ -14,13 +14,16 @@ import torch
 from conftest import TINY_BERT
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from mlflow.tracking import MlflowClient
+from omegaconf import OmegaConf
 
 from tuner import budget
 from tuner.config import compose_config
 from tuner.constraints import EAGER_ACCURACY_ATTR
+from tuner.data import load_splits
 from tuner.errors import ConfigError, StudyStopped
 from tuner.front import TEACHER_OF_ATTR
 from tuner.recipe import ModelRecipe
+from tuner.settings import SETTINGS_ATTR
 from tuner.study import run_study
 from tuner.teacher import STORED_ATTR, TRIAL_ATTR, StoredTeacher, save_teacher
 from tuner.trial import ARCHITECTURE_ATTR
@@ -278,20 +281,90 @@ def test_distilled_students_can_start_from_the_teachers_weights_and_retrain_from
     assert plain.user_attrs[EAGER_ACCURACY_ATTR] != accuracy
 
 
-def test_starting_from_the_teacher_is_refused_where_its_weights_cannot_seed_students(study_dir):
-    with pytest.raises(ConfigError, match="key 'train.distill.start_from'.*pretrained or teacher"):
-        _run(study_dir, "train.distill.start_from=scratch")
-    # A CNN whose width is searched is built anew at each width, not edited from a model.
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("size", "same_as_teacher"),
+    [
+        ("{model.width_multiplier:'choice(1.0)',model.depth:'choice(2)'}", True),
+        ("{model.width_multiplier:'choice(0.25)',model.depth:'choice(1)'}", False),
+    ],
+)
+def test_cnn_students_start_from_the_teacher_cut_to_their_width_and_depth(
+    study_dir, size, same_as_teacher
+):
+    # Students that barely move from where they start (lr 1e-12, no mixing): one of the
+    # teacher's own size predicts what the teacher does; one of a quarter of its width and one
+    # block per stage is cut from it, trains and deploys like any model.
     args = [
         "+experiment=resnet_mixup",
         "debug=smoke",
+        "data=digits",
+        f"study.storage=sqlite:///{study_dir}/optuna.db",
+        f"tracking.uri=sqlite:///{study_dir}/mlflow.db",
+        "search_space={train.lr:'choice(1e-12)',train.mixup_alpha:'choice(0)',"
+        "train.cutmix_alpha:'choice(0)',deploy.backend:'choice(eager,onnxruntime_int8_static)'}",
+        f"+search_space={size}",
+        "train.distill.alpha=0.5",
+        "train.distill.start_from=teacher",
+        # Enough steps for the teacher's batch-norm statistics to settle, which the student's
+        # training (its weights all but frozen) still updates.
+        "debug.overrides.train.epochs=6",
+    ]
+    run_study(compose_config(args), overrides=args)
+    study = _study(study_dir, "resnet_mixup-smoke")
+    (teacher,) = _teacher_trials(study)
+    (student,) = [t for t in _configurations(study) if t.number != teacher.number]
+    assert student.state == TrialState.COMPLETE
+    client = MlflowClient(f"sqlite:///{study_dir}/mlflow.db")
+    runs = client.search_runs(
+        [client.get_experiment_by_name("resnet_mixup-smoke").experiment_id],
+        f"tags.`tuner.trained_in_trial` = '{student.number}'",
+    )
+    assert {r.data.tags["deploy.backend"] for r in runs} == {"eager", "onnxruntime_int8_static"}
+    assert "teacher" in {r.data.tags.get("tuner.start_from") for r in runs}
+    accuracy = teacher.user_attrs[EAGER_ACCURACY_ATTR]
+    assert accuracy > 0.3  # well above chance (0.1): its predictions are worth comparing
+    if same_as_teacher:
+        # Training at lr 1e-12 still updates the norms' running statistics: one example of the
+        # 128 may tip over, no more.
+        assert abs(student.user_attrs[EAGER_ACCURACY_ATTR] - accuracy) <= 1 / 128
+
+
+def test_starting_from_the_teacher_is_refused_where_its_weights_cannot_seed_students(study_dir):
+    with pytest.raises(ConfigError, match="key 'train.distill.start_from'.*pretrained or teacher"):
+        _run(study_dir, "train.distill.start_from=scratch")
+    # A searched model key that is no structural edit (nor a size a student can be cut to).
+    with pytest.raises(
+        ConfigError,
+        match="key 'train.distill.start_from'.*the space searches model.dropout, which does not "
+        "size a model",
+    ):
+        _run(
+            study_dir,
+            "train.distill.start_from=teacher",
+            "+search_space={model.dropout:'choice(0.1,0.2)'}",
+        )
+    # A CNN's students are built at their searched width and depth and cut from the teacher:
+    # a half-width teacher does not fit the space's full-width students.
+    args = [
+        "+experiment=resnet_mixup",
+        "debug=smoke",
+        "data=digits",
         f"study.storage=sqlite:///{study_dir}/optuna.db",
         f"tracking.uri=sqlite:///{study_dir}/mlflow.db",
         "train.distill.start_from=teacher",
     ]
+    cfg = compose_config(args)
+    half_width = {**OmegaConf.to_container(cfg.model), "width_multiplier": 0.5}
+    labels = load_splits(cfg.data).label_names
+    recipe = ModelRecipe(half_width, len(labels))
+    narrow = save_teacher(recipe.build(), recipe, labels, study_dir / "narrow" / "teacher")
+    args.append(f"train.distill.teacher={narrow}")
     with pytest.raises(
         ConfigError,
-        match="key 'train.distill.start_from'.*the space searches model.width_multiplier",
+        match=r"key 'train.distill.start_from'.*the teacher at .*narrow/teacher does not fit a "
+        r"student of model.width_multiplier=1.0, model.depth=1: layer1 has 64 channels, the "
+        r"teacher's only 32",
     ):
         run_study(compose_config(args), overrides=args)
     labels = ["fresh", "rotten"]
@@ -305,8 +378,9 @@ def test_starting_from_the_teacher_is_refused_where_its_weights_cannot_seed_stud
         _run(
             study_dir, "train.distill.start_from=teacher", f"train.distill.teacher={other_dropout}"
         )
-    # Every refusal came before any trial.
+    # Every refusal came before any trial, and before the study's settings were recorded: a
+    # corrected command may still choose them.
     for name in optuna.get_all_study_names(f"sqlite:///{study_dir}/optuna.db"):
-        assert not optuna.load_study(
-            study_name=name, storage=f"sqlite:///{study_dir}/optuna.db"
-        ).trials
+        refused = optuna.load_study(study_name=name, storage=f"sqlite:///{study_dir}/optuna.db")
+        assert not refused.trials
+        assert SETTINGS_ATTR not in refused.user_attrs

@@ -249,11 +249,11 @@ def run_study(
     tracker = Tracker(str(cfg.tracking.uri), str(cfg.tracking.experiment))
     study, storage = _create_study(cfg, tracker)
     check_same_space(study, space, sources or {}, left_out)
-    # Last of the checks, so that a change it records is one this run goes on with.
-    _settle_settings(study, cfg)
     teachers = teachers_for(
         cfg, space, splits.label_names, study.get_trials(deepcopy=False), study.user_attrs
     )
+    # Last of the checks, so that a change it records is one this run goes on with.
+    _settle_settings(study, cfg)
     n_trials = int(cfg.study.n_trials)
     if _nothing_left(study, n_trials):
         console.budget_reached(study.study_name, n_trials)

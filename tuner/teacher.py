@@ -4,7 +4,7 @@ the study, and handed to every student.
 `auto` is the unedited model trained with the experiment's own values of the searched keys; a
 trial number is that trial's configuration trained again. A student learns from its outputs
 (`train.distill.alpha`; a trial at alpha 0 has no teacher) and may also start from its weights
-(`train.distill.start_from`), its structural edits applied to them. Either teacher is trained
+(`train.distill.start_from`), cut to the student's size. Either teacher is trained
 in a trial of the study (so it is also a point of the front) before any student, and stored as
 an MLflow artifact of that trial's run (`teacher/`: safetensors weights with the model's recipe,
 and the label names) named by a study attribute; every worker and every resume loads it from
@@ -19,6 +19,7 @@ training it stops beating, and the trial is queued again like any other.
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 import re
 import tempfile
@@ -79,11 +80,19 @@ def starts_from_teacher(train_cfg: DictConfig) -> bool:
     return float(train_cfg.distill.alpha) > 0 and train_cfg.distill.start_from == "teacher"
 
 
-def student_of(teacher: nn.Module, model_cfg: DictConfig) -> nn.Module:
-    """A student that starts from the teacher's weights: a copy of it (the teacher is left as
-    it is) with the student's structural edits applied. Every layer, the head included, was
-    trained on this task, so none is initialised anew."""
-    student = copy.deepcopy(teacher)
+def student_of(
+    teacher: nn.Module, model_cfg: DictConfig, build: Callable[[], nn.Module]
+) -> nn.Module:
+    """A student that starts from the teacher's weights, the teacher left as it is: a copy of
+    it, or, in a family whose size keys build smaller architectures, the student's own
+    (`build`) filled with them; its structural edits applied either way. Every layer, the head
+    included, was trained on this task, so none is initialised anew."""
+    inherit = MODEL_FAMILIES.get(str(model_cfg.family)).inherit
+    if inherit is None:
+        student = copy.deepcopy(teacher)
+    else:
+        student = build()
+        inherit(teacher, student)
     apply_edits(student, model_cfg)
     return student
 
@@ -381,7 +390,7 @@ def teachers_for(
         teachers = Teachers(reference, uri, list(label_names), params)
         if _starts_from_teacher_anywhere(cfg, space):
             teacher_model = _architecture(cfg, params, teachers, study_attrs)
-            _check_start_from(cfg, space, teacher_model, f"{KEY}={reference}")
+            _check_start_from(cfg, space, teacher_model, f"{KEY}={reference}", len(label_names))
         return teachers
     location = str(reference)
     try:
@@ -390,7 +399,9 @@ def teachers_for(
         raise ConfigError(f"Invalid config: key '{KEY}': {exc}") from None
     stored.check_fits(cfg.model, label_names, location)
     if _starts_from_teacher_anywhere(cfg, space):
-        _check_start_from(cfg, space, stored.recipe.model, f"the teacher at {location}")
+        _check_start_from(
+            cfg, space, stored.recipe.model, f"the teacher at {location}", len(label_names)
+        )
     try:
         stored.model()
     except Exception as exc:  # weights that do not fill the recipe's architecture
@@ -423,24 +434,31 @@ def _architecture(
 
 
 def _check_start_from(
-    cfg: DictConfig, space: SearchSpace, teacher_model: Mapping[str, Any], teacher: str
+    cfg: DictConfig,
+    space: SearchSpace,
+    teacher_model: Mapping[str, Any],
+    teacher: str,
+    num_labels: int,
 ) -> None:
-    """Students that start from the teacher's weights apply their own edits to them: refuse a
-    teacher that is already edited, or whose architecture differs from the study's in anything
-    but those edits (searched or fixed), naming the key."""
-    edit_keys = _edit_keys()
+    """Students that start from the teacher's weights take them at their own size: refuse a
+    teacher that is already edited, whose architecture differs from the study's in anything but
+    the students' structural edits and size keys (searched or fixed), or that a student of the
+    study would not fit into, naming the key."""
+    family = MODEL_FAMILIES.get(str(cfg.model.family))
+    shaping = _edit_keys() | {f"model.{key}" for key in family.size_keys}
     why = (
         f"Invalid config: key '{START_KEY}': teacher: students start from the teacher's weights "
-        "with their own structural edits applied"
+        "at their own size"
     )
-    built = [k for k in space.distributions if k.startswith("model.") and k not in edit_keys]
+    built = [k for k in space.distributions if k.startswith("model.") and k not in shaping]
     if built:
+        sizes = [k for k in sorted(shaping) if k[len("model.") :] in cfg.model]
         raise ConfigError(
-            f"{why}, and the space searches {built[0]}, which is no structural edit of a loaded "
-            "model (a student copied from the teacher could not follow it); search only "
-            "model.ffn_width, model.num_layers or their fractions, or start from pretrained"
+            f"{why}, and the space searches {built[0]}, which does not size a model (a student "
+            f"taken from the teacher could not follow it); search only "
+            f"{', '.join(sizes) or 'no model keys'}, or start from pretrained"
         )
-    for key in sorted(edit_keys):
+    for key in sorted(_edit_keys()):
         value = teacher_model.get(key[len("model.") :])
         if value is not None:
             raise ConfigError(
@@ -450,11 +468,38 @@ def _check_start_from(
     ours = OmegaConf.to_container(cfg.model, resolve=True)
     assert isinstance(ours, dict)
     for name, value in ours.items():
-        if f"model.{name}" not in edit_keys and teacher_model.get(name) != value:
+        if f"model.{name}" not in shaping and teacher_model.get(name) != value:
             raise ConfigError(
                 f"{why}, and {teacher} has model.{name}={teacher_model.get(name)}, the study's "
                 f"model has model.{name}={value}"
             )
+    if family.inherit is not None:
+        _check_students_fit(cfg, space, teacher_model, num_labels, f"{why}, and {teacher}")
+
+
+def _check_students_fit(
+    cfg: DictConfig,
+    space: SearchSpace,
+    teacher_model: Mapping[str, Any],
+    num_labels: int,
+    refusal: str,
+) -> None:
+    """Fill a student of every candidate size with an untrained teacher's weights, as a trial
+    would with the trained one: a student larger than the teacher is refused before training."""
+    family = MODEL_FAMILIES.get(str(cfg.model.family))
+    keys = [f"model.{key}" for key in family.size_keys]
+    # Building models draws from the global generator, which must not move before training.
+    with torch.random.fork_rng(devices=[]):
+        teacher = family.build(OmegaConf.create(dict(teacher_model)), num_labels)
+        for sizes in itertools.product(*(_candidates(cfg, space, key) for key in keys)):
+            student_cfg = cfg.model.copy()
+            for key, value in zip(keys, sizes, strict=True):
+                student_cfg[key[len("model.") :]] = value
+            try:
+                family.inherit(teacher, family.build(student_cfg, num_labels))
+            except ValueError as exc:
+                size = ", ".join(f"{key}={value}" for key, value in zip(keys, sizes, strict=True))
+                raise ConfigError(f"{refusal} does not fit a student of {size}: {exc}") from None
 
 
 def store_after_training(

@@ -132,11 +132,11 @@ def untrained_model(
     cfg: DictConfig, build: Callable[[], nn.Module], teacher: nn.Module | None = None
 ) -> nn.Module:
     """A trial's model before training: `build`'s (the loaded model) edited and its new layers
-    initialised, or a copy of `teacher` edited; the global generator seeded with `train.seed`
-    either way, since training's dropout draws from it next."""
+    initialised, or the student of `teacher` (`tuner.teacher.student_of`); the global generator
+    seeded with `train.seed` either way, since training's dropout draws from it next."""
     seed = int(cfg.train.seed)
     if teacher is not None:
-        model = student_of(teacher, cfg.model)
+        model = student_of(teacher, cfg.model, build)
         torch.manual_seed(seed)
         return model
     model = build()
@@ -481,7 +481,7 @@ class Objective:
 
     def _untrained(self, cfg: DictConfig) -> nn.Module:
         """The configuration's model, edited and initialised, before any training: from the
-        model's own weights, or from a copy of the study's teacher."""
+        model's own weights, or from the study's teacher cut to its size."""
         ctx = self.context
         teacher = None
         if ctx.teachers is not None and starts_from_teacher(cfg.train):

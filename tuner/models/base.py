@@ -45,6 +45,12 @@ class ModelFamily:
     # Whether its models are a stack of transformer layers (depth edits, hidden-state
     # distillation).
     layer_stack: bool = False
+    # `model` keys that build a smaller architecture anew (where structural edits cut a built
+    # model), and how a model built with them takes a trained larger one's weights (a student
+    # that starts from its teacher): (teacher, student) -> None, ValueError naming what does
+    # not fit. Without it, a student is a copy of the teacher with its edits applied.
+    size_keys: tuple[str, ...] = ()
+    inherit: Callable[[nn.Module, nn.Module], None] | None = None
 
 
 MODEL_FAMILIES: Registry[ModelFamily] = Registry("model.family")

@@ -2,13 +2,15 @@
 
 `model.name` is a timm model name; `model.in_chans` adapts its stem to the images' channels.
 The structural knobs `model.width_multiplier` and `model.depth` are turned into the
-architecture's own constructor arguments by a registry keyed by timm's model module, so a new
-architecture family is one more entry.
+architecture's own constructor arguments by a registry keyed by timm's model module, beside
+how a model so narrowed or shortened takes a trained one's weights; a new architecture family
+is one more entry.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -17,6 +19,7 @@ from torch import nn
 
 from tuner.errors import ConfigError
 from tuner.models.base import MODEL_FAMILIES, ModelFamily, NewLayer
+from tuner.models.resnet_slicing import inherit_resnet
 from tuner.registry import Registry
 
 # Activation class name -> the name `train.init=auto` chooses by. By name, because timm has its
@@ -35,15 +38,32 @@ _ACTIVATION_NAMES: dict[str, str] = {
     "Sigmoid": "sigmoid",
 }
 
-# (width multiplier or None, blocks per stage or None) -> constructor keyword arguments
-StructureArgs = Callable[[float | None, int | None], dict[str, Any]]
-STRUCTURES: Registry[StructureArgs] = Registry("model.name")
+# The keys below: they build the architecture anew at its size, unlike structural edits.
+SIZE_KEYS = ("width_multiplier", "depth")
+
+
+@dataclass(frozen=True)
+class Structure:
+    """How an architecture family of timm is sized, and how a smaller one starts from a larger
+    trained one.
+
+    Attributes:
+        args: (width multiplier or None, blocks per stage or None) -> constructor keyword
+            arguments.
+        inherit: (trained net, smaller net) -> None: fills the smaller net with the trained
+            one's weights; ValueError where it is not smaller in a way that allows it.
+    """
+
+    args: Callable[[float | None, int | None], dict[str, Any]]
+    inherit: Callable[[nn.Module, nn.Module], None]
+
+
+STRUCTURES: Registry[Structure] = Registry("model.name")
 
 _RESNET_CHANNELS = (64, 128, 256, 512)
 
 
-@STRUCTURES.register("timm.models.resnet")
-def _resnet_structure(width: float | None, depth: int | None) -> dict[str, Any]:
+def _resnet_args(width: float | None, depth: int | None) -> dict[str, Any]:
     args: dict[str, Any] = {}
     if width is not None:
         # The stages' widths; the plain 7x7 stem keeps its 64 channels (timm's stem_width only
@@ -52,6 +72,9 @@ def _resnet_structure(width: float | None, depth: int | None) -> dict[str, Any]:
     if depth is not None:
         args["layers"] = (depth,) * len(_RESNET_CHANNELS)
     return args
+
+
+STRUCTURES.register("timm.models.resnet")(Structure(args=_resnet_args, inherit=inherit_resnet))
 
 
 class TimmClassifier(nn.Module):
@@ -97,7 +120,7 @@ def _structure_args(model_cfg: DictConfig) -> dict[str, Any]:
             f"comes from {module}; these edits support {', '.join(STRUCTURES.names())} "
             "(set both to null for other models)"
         )
-    return STRUCTURES.get(module)(
+    return STRUCTURES.get(module).args(
         None if width is None else float(width), None if depth is None else int(depth)
     )
 
@@ -128,6 +151,27 @@ def build_timm(model_cfg: DictConfig, num_labels: int) -> nn.Module:
     return TimmClassifier(net)
 
 
+def inherit_timm(teacher: nn.Module, student: nn.Module) -> None:
+    """Fill `student` with the trained `teacher`'s weights (both `TimmClassifier`s); ValueError
+    naming what does not fit."""
+    module = type(teacher.net).__module__
+    if module in STRUCTURES:
+        STRUCTURES.get(module).inherit(teacher.net, student.net)
+        return
+    # Architectures without a registered structure are never resized: the student is a model
+    # of the teacher's own shape.
+    try:
+        student.net.load_state_dict(teacher.net.state_dict())
+    except RuntimeError as exc:
+        raise ValueError(" ".join(str(exc).split())) from None
+
+
 MODEL_FAMILIES.register("timm")(
-    ModelFamily(build=build_timm, modality="image", input_keys=("in_chans",))
+    ModelFamily(
+        build=build_timm,
+        modality="image",
+        input_keys=("in_chans",),
+        size_keys=SIZE_KEYS,
+        inherit=inherit_timm,
+    )
 )
