@@ -17,6 +17,7 @@ from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
 
 from tuner import budget
+from tuner.backends import BACKENDS
 from tuner.config import compose_config
 from tuner.constraints import EAGER_ACCURACY_ATTR
 from tuner.data import load_splits
@@ -42,6 +43,18 @@ def study_dir(tmp_path, monkeypatch):
 def _args(directory: Path, *overrides: str) -> list[str]:
     return [
         *SMOKE,
+        f"study.storage=sqlite:///{directory}/optuna.db",
+        f"tracking.uri=sqlite:///{directory}/mlflow.db",
+        *overrides,
+    ]
+
+
+def _image_args(directory: Path, *overrides: str) -> list[str]:
+    """The image experiment's smoke study on digits, stored in `directory`."""
+    return [
+        "+experiment=resnet_mixup",
+        "debug=smoke",
+        "data=digits",
         f"study.storage=sqlite:///{directory}/optuna.db",
         f"tracking.uri=sqlite:///{directory}/mlflow.db",
         *overrides,
@@ -281,7 +294,11 @@ def test_distilled_students_can_start_from_the_teachers_weights_and_retrain_from
     assert plain.user_attrs[EAGER_ACCURACY_ATTR] != accuracy
 
 
+_ORT_INT8 = BACKENDS.get("onnxruntime_int8_static").unavailable_reason()
+
+
 @pytest.mark.slow
+@pytest.mark.skipif(_ORT_INT8 is not None, reason=f"onnxruntime_int8_static: {_ORT_INT8}")
 @pytest.mark.parametrize(
     ("size", "same_as_teacher"),
     [
@@ -295,12 +312,8 @@ def test_cnn_students_start_from_the_teacher_cut_to_their_width_and_depth(
     # Students that barely move from where they start (lr 1e-12, no mixing): one of the
     # teacher's own size predicts what the teacher does; one of a quarter of its width and one
     # block per stage is cut from it, trains and deploys like any model.
-    args = [
-        "+experiment=resnet_mixup",
-        "debug=smoke",
-        "data=digits",
-        f"study.storage=sqlite:///{study_dir}/optuna.db",
-        f"tracking.uri=sqlite:///{study_dir}/mlflow.db",
+    args = _image_args(
+        study_dir,
         "search_space={train.lr:'choice(1e-12)',train.mixup_alpha:'choice(0)',"
         "train.cutmix_alpha:'choice(0)',deploy.backend:'choice(eager,onnxruntime_int8_static)'}",
         f"+search_space={size}",
@@ -309,7 +322,7 @@ def test_cnn_students_start_from_the_teacher_cut_to_their_width_and_depth(
         # Enough steps for the teacher's batch-norm statistics to settle, which the student's
         # training (its weights all but frozen) still updates.
         "debug.overrides.train.epochs=6",
-    ]
+    )
     run_study(compose_config(args), overrides=args)
     study = _study(study_dir, "resnet_mixup-smoke")
     (teacher,) = _teacher_trials(study)
@@ -346,14 +359,7 @@ def test_starting_from_the_teacher_is_refused_where_its_weights_cannot_seed_stud
         )
     # A CNN's students are built at their searched width and depth and cut from the teacher:
     # a half-width teacher does not fit the space's full-width students.
-    args = [
-        "+experiment=resnet_mixup",
-        "debug=smoke",
-        "data=digits",
-        f"study.storage=sqlite:///{study_dir}/optuna.db",
-        f"tracking.uri=sqlite:///{study_dir}/mlflow.db",
-        "train.distill.start_from=teacher",
-    ]
+    args = _image_args(study_dir, "train.distill.start_from=teacher")
     cfg = compose_config(args)
     half_width = {**OmegaConf.to_container(cfg.model), "width_multiplier": 0.5}
     labels = load_splits(cfg.data).label_names

@@ -64,8 +64,7 @@ def _copy_whole(teacher: nn.Module, student: nn.Module, name: str, written: set[
         source = theirs.get(key)
         if source is None or source.shape != tensor.shape:
             raise ValueError(f"{name}.{key} has no counterpart of its shape in the teacher")
-        tensor.copy_(source)
-        written.add(id(tensor))
+    _copy_tensors(teacher, student, None, written)
 
 
 def _convs_and_norms(block: nn.Module) -> list[tuple[nn.Conv2d, nn.BatchNorm2d]]:
@@ -140,7 +139,7 @@ def _inherit_block(
         last = position == len(mine) - 1
         out = outputs if last else _top(t_norm.weight.abs(), s_norm.num_features)
         _copy_conv(t_conv, s_conv, out, into, written)
-        _copy_norm(t_norm, s_norm, out, written)
+        _copy_tensors(t_norm, s_norm, out, written)
         into = out
     _inherit_shortcut(teacher, student, inputs, outputs, written)
 
@@ -158,7 +157,7 @@ def _inherit_shortcut(
     conv, norm = mine
     if theirs is not None:
         _copy_conv(theirs[0], conv, outputs, inputs, written)
-        _copy_norm(theirs[1], norm, outputs, written)
+        _copy_tensors(theirs[1], norm, outputs, written)
         return
     # The teacher's shortcut is the identity: input channel c is output channel c.
     selection = (outputs[:, None] == inputs[None, :]).to(conv.weight.dtype)
@@ -193,13 +192,15 @@ def _copy_conv(
         written.add(id(student.bias))
 
 
-def _copy_norm(
-    teacher: nn.BatchNorm2d, student: nn.BatchNorm2d, channels: torch.Tensor, written: set[int]
+def _copy_tensors(
+    teacher: nn.Module, student: nn.Module, channels: torch.Tensor | None, written: set[int]
 ) -> None:
+    """Every tensor of `student` from the same-named one of `teacher`, its first dimension cut
+    to `channels` (all of it when None; counters, without dimensions, as they are)."""
     theirs = dict(_tensors(teacher))
     for key, tensor in _tensors(student):
         source = theirs[key]
-        tensor.copy_(source if source.dim() == 0 else source.index_select(0, channels))
+        tensor.copy_(source if channels is None or source.dim() == 0 else source[channels])
         written.add(id(tensor))
 
 
