@@ -378,13 +378,16 @@ def print_insight(
 
 
 def describe(notes: dict) -> str:
-    """A backend's notes in a line: fused operators, nodes kept in fp32."""
+    """A backend's notes in a line: fused operators, merged attention projections, nodes kept
+    in fp32."""
     parts = []
     if "fused_ops" in notes:
         fused = notes["fused_ops"]
         parts.append(" ".join(f"{op} x{n}" for op, n in fused.items()) or "nothing fused")
     if notes.get("attention_fused") is False:
         parts.append("attention NOT fused")
+    if "merged_attention" in notes:
+        parts.append(f"query, key and value merged in {notes['merged_attention']} attention layers")
     if "fp32_nodes" in notes:
         kept = notes["fp32_nodes"]
         parts.append(

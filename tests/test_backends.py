@@ -25,6 +25,7 @@ TOLERANCE = {
         "eager": 0.0,
         "compile": 1e-4,
         "compile_frozen": 1e-4,
+        "merged_qkv": 1e-4,
         "onnxruntime": 1e-4,
         "onnxruntime_fused": 1e-4,
         "bf16": 0.05,
@@ -358,6 +359,34 @@ def test_fused_text_backends_fuse_each_layer_and_say_so(text_subject, tmp_path):
     assert fusion_report(plain.artifact, "text") == {"fused_ops": {}, "attention_fused": False}
     # Unfused, each layer's attention is one softmax among matmuls.
     assert plain.graph.ops["Softmax"] == 2
+
+
+def test_merged_qkv_computes_each_attention_layer_s_projections_in_one_matmul(
+    text_subject, image_subject, tmp_path
+):
+    from tuner.backends.base import ConversionContext
+
+    result = _deploy_subject("merged_qkv", text_subject, tmp_path / "text")
+    assert result.error is None, result.error
+    assert result.notes == {"merged_attention": 2}  # the tiny BERT's two layers
+    served = BACKENDS.get("merged_qkv").load(result.artifact, DEPLOY)
+    hidden = 32
+    merged = [m for m in served.modules() if hasattr(m, "qkv")]
+    assert len(merged) == 2
+    assert not any(name.endswith(("query", "key", "value")) for name, _ in served.named_modules())
+    # Rows of the merged weight are the trained query, key and value weights, in that order.
+    trained = text_subject.model.encoder.encoder.layer[1].attention.self
+    weight, bias = merged[1].qkv.weight, merged[1].qkv.bias
+    assert weight.shape == (3 * hidden, hidden)
+    assert torch.equal(weight[hidden : 2 * hidden], trained.key.weight)
+    assert torch.equal(bias[2 * hidden :], trained.value.bias)
+    # A model without such attention (a CNN) is refused when loaded, saying why.
+    context = ConversionContext(
+        image_subject.example, tmp_path, DEPLOY, image_subject.recipe, image_subject.calibration
+    )
+    artifact = BACKENDS.get("merged_qkv").export(image_subject.model, context)
+    with pytest.raises(ValueError, match="no self-attention with query, key and value"):
+        BACKENDS.get("merged_qkv").load(artifact, DEPLOY)
 
 
 def test_fused_image_graph_folds_batch_norms_into_its_convolutions(image_subject, tmp_path):
