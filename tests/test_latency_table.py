@@ -9,11 +9,18 @@ import time
 
 import optuna
 import pytest
+from conftest import REPO, TINY_BERT
 from omegaconf import OmegaConf
 
 from tuner.backends import ExampleInputs
 from tuner.latency import LatencyProtocol, LatencyResult, time_rounds
-from tuner.latency_table import LatencyTable, digest_of, latency_key, record_session
+from tuner.latency_table import (
+    LatencyTable,
+    digest_of,
+    latency_key,
+    record_session,
+    structure_of,
+)
 from tuner.optuna_compat import study_id_of
 
 PROTOCOL_RECORD = {"latency.seq_len": 16, "latency.cpu": "test CPU", "latency.cpu_flags": "avx2"}
@@ -71,14 +78,48 @@ def _model(**changes):
     )
 
 
-def _digest(model, architecture=None, backend="eager", deploy=DEPLOY, record=PROTOCOL_RECORD):
-    return digest_of(latency_key(model, architecture or {}, backend, deploy, record))
+# A model's tensors as `structure_of` lists them: what the key holds of the built architecture.
+STRUCTURE = [["encoder.weight", [8, 4], "torch.float32"], ["encoder.bias", [8], "torch.float32"]]
+
+
+def _digest(model, structure=STRUCTURE, backend="eager", deploy=DEPLOY, record=PROTOCOL_RECORD):
+    return digest_of(latency_key(model, structure, backend, deploy, record))
+
+
+def _built(recipe, **sizes):
+    """`recipe`'s model config with `sizes` set, and the structure of the model it builds."""
+    from dataclasses import replace
+
+    model_cfg = OmegaConf.merge(OmegaConf.create(recipe.model), sizes)
+    built = replace(recipe, model=OmegaConf.to_container(model_cfg)).build()
+    return model_cfg, structure_of(built)
 
 
 def test_a_relative_edit_and_the_absolute_width_it_stands_for_share_a_key():
-    relative = _digest(_model(ffn_width_fraction=0.667), {"model.ffn_width": 1024})
-    assert relative == _digest(_model(ffn_width=1024))
-    assert relative != _digest(_model(ffn_width=512))
+    # The tiny BERT's FFNs are 1536 wide: half of them is 768.
+    relative = _digest(*_built(TINY_BERT, ffn_width_fraction=0.5))
+    assert relative == _digest(*_built(TINY_BERT, ffn_width=768))
+    assert relative != _digest(*_built(TINY_BERT, ffn_width=512))
+    # Unedited, and edited to the full width and depth: one architecture, one key.
+    unedited = _digest(*_built(TINY_BERT))
+    assert unedited == _digest(*_built(TINY_BERT, ffn_width=1536, num_layers=2)) != relative
+    assert unedited != _digest(*_built(TINY_BERT, num_layers=1))
+
+
+def test_the_unedited_cnn_and_a_student_of_its_full_size_share_a_key():
+    from tuner.recipe import ModelRecipe
+
+    recipe = ModelRecipe(
+        model={**OmegaConf.to_container(OmegaConf.load(REPO / "conf/model/resnet.yaml"))},
+        num_labels=10,
+    )
+    # resnet18 has two blocks per stage at full width: null sizes and 1.0 and 2 build it alike.
+    unedited = _digest(*_built(recipe))
+    assert unedited == _digest(*_built(recipe, width_multiplier=1.0, depth=2))
+    assert unedited != _digest(*_built(recipe, width_multiplier=0.5, depth=2))
+    assert unedited != _digest(*_built(recipe, depth=1))
+    # Another architecture with the same sizes is another key.
+    assert unedited != _digest(*_built(recipe, name="resnet18d"))
 
 
 def test_what_does_not_change_the_timed_graph_is_not_in_the_key():
@@ -109,8 +150,8 @@ def _storage(path):
 
 def test_sessions_of_one_key_pool_their_rounds_in_time_order(tmp_path):
     storage, study_id = _storage(tmp_path / "a.db")
-    key = latency_key(_model(), {}, "eager", DEPLOY, PROTOCOL_RECORD)
-    other = latency_key(_model(), {}, "onnxruntime", DEPLOY, PROTOCOL_RECORD)
+    key = latency_key(_model(), STRUCTURE, "eager", DEPLOY, PROTOCOL_RECORD)
+    other = latency_key(_model(), STRUCTURE, "onnxruntime", DEPLOY, PROTOCOL_RECORD)
     table = LatencyTable.of_study(storage, study_id)
     assert table.result(digest_of(key)) is None and table.round_count(digest_of(key)) == 0
     record_session(storage, study_id, key, [[4.0, 4.0], [6.0, 6.0]])
@@ -128,7 +169,7 @@ from omegaconf import OmegaConf
 from tuner.latency_table import latency_key, record_session
 storage = optuna.storages.RDBStorage(sys.argv[1])
 study_id = storage.get_study_id_from_name("s")
-key = latency_key(OmegaConf.create({"family": "timm"}), {}, "eager", OmegaConf.create({}), {})
+key = latency_key(OmegaConf.create({"family": "timm"}), [], "eager", OmegaConf.create({}), {})
 for value in sys.argv[2:]:
     record_session(storage, study_id, key, [[float(value)]])
 """
@@ -142,7 +183,7 @@ def test_two_processes_on_one_storage_share_the_table_and_lose_no_session(tmp_pa
         for values in (["1", "2", "3"], ["7", "8", "9"])
     ]
     assert all(worker.wait(timeout=120) == 0 for worker in workers)
-    key = latency_key(OmegaConf.create({"family": "timm"}), {}, "eager", OmegaConf.create({}), {})
+    key = latency_key(OmegaConf.create({"family": "timm"}), [], "eager", OmegaConf.create({}), {})
     table = LatencyTable.of_study(storage, study_id)
     # Six one-call rounds from two writers: none overwrote another's session.
     assert sorted(r[0] for r in table.rounds[digest_of(key)]) == [1, 2, 3, 7, 8, 9]
@@ -166,7 +207,7 @@ def model(*_):
         time.sleep(60)
 protocol = LatencyProtocol(1, 16, 1, warmup=0, repeats=4, rounds=4, max_rounds=4)
 rounds = time_rounds({"eager": model}, ExampleInputs((), (), {}), protocol)
-key = latency_key(OmegaConf.create({"family": "timm"}), {}, "eager", OmegaConf.create({}), {})
+key = latency_key(OmegaConf.create({"family": "timm"}), [], "eager", OmegaConf.create({}), {})
 record_session(storage, study_id, key, rounds["eager"])
 """
 

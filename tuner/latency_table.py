@@ -30,8 +30,9 @@ from typing import Any
 
 import optuna
 from omegaconf import DictConfig, OmegaConf
+from torch import nn
 
-from tuner.edits import SAME_EDIT
+from tuner.edits import EDITS
 from tuner.latency import LatencyResult
 
 _PREFIX = "latency:"
@@ -47,27 +48,41 @@ _NOT_IN_DEPLOY_KEY = frozenset({"backend", "device", "latency", "mixed"})
 _NOT_IN_PROTOCOL_KEY = frozenset({"latency.max_rounds"})
 
 
+def structure_of(model: nn.Module) -> list[list[Any]]:
+    """The model's tensors as [name, shape, dtype], parameters then buffers: the architecture
+    as built, whichever config values (a null edit, a fraction, the width it stands for) chose
+    it."""
+    tensors = [*model.named_parameters(), *model.named_buffers()]
+    return [[name, list(tensor.shape), str(tensor.dtype)] for name, tensor in tensors]
+
+
 def latency_key(
     model_cfg: DictConfig,
-    architecture: Mapping[str, Any],
+    structure: Sequence[Sequence[Any]],
     backend: str,
     deploy_cfg: DictConfig,
     protocol_record: Mapping[str, Any],
 ) -> dict[str, Any]:
-    """What decides a latency: the architecture (relative edits as the absolute values they
-    stand for, so `ffn_width_fraction=0.667` and `ffn_width=1024` are one key), the backend and
-    its settings, the protocol, the input shape and the machine (CPU model, instruction sets,
-    library versions, all in `protocol_record`)."""
+    """What decides a latency: the built architecture (`structure_of`), the rest of the model
+    config (what builds the same tensors into another graph: the model's name, its activation),
+    the backend and its settings, the protocol, the input shape and the machine (CPU model,
+    instruction sets, library versions, all in `protocol_record`).
+
+    The keys that size the model (structural edits, the family's size keys) are left out: the
+    structure holds what they did, so `ffn_width_fraction=0.667` and `ffn_width=1024` are one
+    key, as are the unedited model and a student edited to its full size.
+    """
+    from tuner.models import MODEL_FAMILIES
+
     model = OmegaConf.to_container(model_cfg, resolve=True)
     assert isinstance(model, dict)
-    for absolute, relative in SAME_EDIT:
-        if model.get(relative) is not None:
-            model[absolute] = architecture[f"model.{absolute}"]
-            model[relative] = None
+    family = MODEL_FAMILIES.get(str(model["family"]))
+    sizing = {EDITS.get(name).config_key for name in EDITS} | set(family.size_keys)
     deploy = OmegaConf.to_container(deploy_cfg, resolve=True)
     assert isinstance(deploy, dict)
     return {
-        "model": {k: v for k, v in model.items() if k not in _TRAINING_ONLY},
+        "model": {k: v for k, v in model.items() if k not in _TRAINING_ONLY | sizing},
+        "structure": hashlib.sha256(json.dumps(list(structure)).encode()).hexdigest(),
         "backend": backend,
         "deploy": {k: v for k, v in deploy.items() if k not in _NOT_IN_DEPLOY_KEY},
         "protocol": {k: v for k, v in protocol_record.items() if k not in _NOT_IN_PROTOCOL_KEY},

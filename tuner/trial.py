@@ -67,7 +67,13 @@ from tuner.insight.measure import flops_per_call
 from tuner.insight.point import INSIGHT_ATTR, PointInsight
 from tuner.insight.roofline import MachinePeak, peak_key
 from tuner.latency import LatencyProtocol, LatencyResult, time_rounds
-from tuner.latency_table import LatencyTable, digest_of, latency_key, record_session
+from tuner.latency_table import (
+    LatencyTable,
+    digest_of,
+    latency_key,
+    record_session,
+    structure_of,
+)
 from tuner.modalities import Modality
 from tuner.models import build_model
 from tuner.optuna_compat import trial_id_of
@@ -347,18 +353,19 @@ class Objective:
         # Every backend's artifact stays here until the points that join the front are logged.
         with tempfile.TemporaryDirectory(prefix="tuner-trial-") as workdir:
             try:
-                keys = {
-                    backend: None
-                    if BACKENDS.get(backend).graph_from_weights
-                    else latency_key(
-                        cfg.model, architecture, backend, cfg.deploy, ctx.protocol_record
-                    )
-                    for backend in backends
-                }
                 # Interrupts stop training and deploying at once; the points are then written
                 # whole (the caller holds interrupts back meanwhile).
                 with immediate():
                     model = self._untrained(cfg)
+                    structure = structure_of(model)
+                    keys = {
+                        backend: None
+                        if BACKENDS.get(backend).graph_from_weights
+                        else latency_key(
+                            cfg.model, structure, backend, cfg.deploy, ctx.protocol_record
+                        )
+                        for backend in backends
+                    }
                     # Only a latency budget and early stopping decide anything before training
                     # ends; without them the trained artifacts are timed, converted only once.
                     # The teacher is trained whatever its latency: students need it.
