@@ -47,7 +47,9 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--alphas", type=float, nargs="+", default=[0.5, 0.9])
-    parser.add_argument("--temperature", type=float, default=2.0)
+    parser.add_argument(
+        "--temperature", type=float, help="default: the experiment's train.distill.temperature"
+    )
     parser.add_argument(
         "--hidden-weights",
         type=float,
@@ -138,6 +140,8 @@ def main() -> int:
     torch.set_num_threads(args.threads)
     data = study_data(args.overrides)
     train_data, val_data = data.train_data, data.val_data
+    if args.temperature is None:
+        args.temperature = float(data.cfg.train.distill.temperature)
     print(f"CPU: {cpu_model()}; flags: {isa_flags()}", flush=True)
     teacher, teacher_accuracy, teacher_seconds = train_once(
         data, {}, int(data.cfg.train.seed), None

@@ -272,6 +272,7 @@ def test_distilled_students_can_start_from_the_teachers_weights_and_retrain_from
     pinned = {o.key_or_group: o.value() for o in overrides}
     assert pinned["train.distill.teacher"] == stored
     assert pinned["train.distill.start_from"] == run.data.tags["tuner.start_from"] == "teacher"
+    assert pinned["train.distill.temperature"] == 1.0  # bert_ffn's
     run_study(compose_config(command[3:]), overrides=command[3:])
     retrained_name = f"bert_ffn-retrain-{student.number}-eager-smoke"
     (retrained,) = _study(study_dir, retrained_name).get_trials(states=(TrialState.COMPLETE,))

@@ -50,6 +50,7 @@ from tuner.training.distill import Distillation
 KEY = "train.distill.teacher"
 ALPHA_KEY = "train.distill.alpha"
 START_KEY = "train.distill.start_from"
+TEMPERATURE_KEY = "train.distill.temperature"
 # The weights a student starts from (`train.distill.start_from`).
 START_POINTS = ("pretrained", "teacher")
 # Study user attribute: teacher reference (`auto`, a trial number) -> where it is stored.

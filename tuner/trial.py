@@ -86,6 +86,7 @@ from tuner.space import SearchSpace, fits
 from tuner.teacher import KEY as TEACHER_KEY
 from tuner.teacher import (
     START_KEY,
+    TEMPERATURE_KEY,
     Teachers,
     record_stored,
     starts_from_teacher,
@@ -267,9 +268,9 @@ class _Trained:
     # Backend -> the digest of this architecture's key in the study's latency table (None: the
     # backend's artifacts are timed each on its own).
     latency_keys: dict[str, str | None]
-    # For a distilled model: where the teacher it learnt from is stored and where it started
-    # from (`train.distill.teacher`, `train.distill.start_from`), pinned in its retraining
-    # command; empty when not distilled.
+    # For a distilled model: where the teacher it learnt from is stored, where it started
+    # from and at which temperature (`train.distill.teacher`, `train.distill.start_from`,
+    # `train.distill.temperature`), pinned in its retraining command; empty when not distilled.
     teacher_pins: dict[str, Any] = field(default_factory=dict)
     # For the study's teacher: the `train.distill.teacher` reference it was trained for.
     teacher_for: str | None = None
@@ -556,7 +557,13 @@ class Objective:
         if ctx.teachers is not None and float(cfg.train.distill.alpha) > 0:
             attrs = ctx.storage.get_study_user_attrs(ctx.study_id)
             start_from = str(cfg.train.distill.start_from)
-            teacher_pins = {TEACHER_KEY: ctx.teachers.location(attrs), START_KEY: start_from}
+            # What a distilled point learnt from, pinned in its retraining command so that it
+            # retrains alike after an experiment's defaults change.
+            teacher_pins = {
+                TEACHER_KEY: ctx.teachers.location(attrs),
+                START_KEY: start_from,
+                TEMPERATURE_KEY: float(cfg.train.distill.temperature),
+            }
             distillation = ctx.teachers.distillation(cfg.train, ctx.train_data, attrs)
             ctx.tracker.set_tags(
                 run_id,
