@@ -110,7 +110,7 @@ def test_the_unedited_cnn_and_a_student_of_its_full_size_share_a_key():
     from tuner.recipe import ModelRecipe
 
     recipe = ModelRecipe(
-        model={**OmegaConf.to_container(OmegaConf.load(REPO / "conf/model/resnet.yaml"))},
+        model=OmegaConf.to_container(OmegaConf.load(REPO / "conf/model/resnet.yaml")),
         num_labels=10,
     )
     # resnet18 has two blocks per stage at full width: null sizes and 1.0 and 2 build it alike.

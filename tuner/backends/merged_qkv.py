@@ -18,7 +18,7 @@ from torch import nn
 from torch.nn.functional import scaled_dot_product_attention
 
 from tuner.backends.base import BACKENDS, Backend, Logits
-from tuner.backends.torch_files import export_weights, load_weights
+from tuner.backends.torch_files import export_weights, load_weights, read_recipe
 
 PROJECTIONS = ("query", "key", "value")
 
@@ -91,7 +91,9 @@ def _load(artifact: Path, deploy: DictConfig) -> Logits:
 
 
 def _describe(artifact: Path) -> dict[str, int]:
-    return {"merged_attention": merge_qkv(load_weights(artifact))}
+    # What loading merges depends on the architecture alone: no weights are read for it.
+    merged = sum(_mergeable(module) for module in read_recipe(artifact).build().modules())
+    return {"merged_attention": merged}
 
 
 BACKENDS.register("merged_qkv")(
