@@ -28,9 +28,10 @@ TRAINING_PARAMS = {
     "model.num_layers_fraction",
 }
 # The study's distillation teacher trains first, with bert_ffn's own values of the searched keys
-# (conf/train/default.yaml) and no edits; its points carry those values as params.
+# (conf/experiment/bert_ffn.yaml over conf/train/default.yaml) and no edits; its points carry
+# those values as params.
 TEACHER_VALUES = {
-    "train.lr": 5e-05,
+    "train.lr": 2e-04,
     "train.weight_decay": 1e-05,
     "train.grad_clip_norm": 0,
     "train.init": "auto",
