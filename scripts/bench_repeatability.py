@@ -12,6 +12,15 @@ medians); the variants take turns, in alternating order, so a slow spell of the 
 on all of them. Per variant and backend the table gives the median latency over the
 measurements, their range, and how many pairs of measurements (earlier, later) are within 10%
 of each other: the chance that re-timing a point later moves it by less than 10%.
+
+With `--statistics`, each measurement's rounds are also summarised by other statistics than the
+study's (the median of the round medians), to see which one a slow spell of the machine moves
+least; `--interval` spaces the measurements out, so the table covers the machine's drift over
+minutes rather than seconds:
+
+    python scripts/bench_repeatability.py --ffn-width 1280 --num-layers 4 \
+        --backends eager onnxruntime_int8 onnxruntime_fused_int8 \
+        --statistics p50 p10 min --measurements 12 --interval 60
 """
 
 from __future__ import annotations
@@ -26,6 +35,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
@@ -45,6 +55,14 @@ from tuner.study import calibration_inputs, modality_for
 # A later measurement within this fraction of an earlier one counts as "the same latency".
 WITHIN = 0.10
 
+# How one measurement's rounds are summarised into one latency. p50 is the study's own.
+STATISTICS = {
+    "p50": lambda result: result.p50_ms,
+    "p10": lambda result: float(np.percentile(result.samples_ms, 10)),
+    "min": lambda result: result.min_ms,
+    "fastest_round": lambda result: result.fastest_round_ms,
+}
+
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -60,6 +78,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="deploy overrides (KEY=VALUE under deploy), each measured on its own",
     )
     parser.add_argument("--measurements", type=int, default=6, help="fresh processes per variant")
+    parser.add_argument(
+        "--interval", type=float, default=0.0, help="seconds to wait between measurements"
+    )
+    parser.add_argument(
+        "--statistics",
+        nargs="+",
+        choices=sorted(STATISTICS),
+        default=["p50"],
+        help="summaries of a measurement's timed calls to compare (p50 is the study's)",
+    )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=10, help="timed calls per round")
@@ -147,41 +175,50 @@ def main() -> int:
         measure(args)
         return 0
     cfg = config(args)
-    p50s: dict[int, dict[str, list[float]]] = {
-        index: {name: [] for name in args.backends} for index in range(len(args.variants))
+    # variant -> (backend, statistic) -> one latency per measurement
+    latencies: dict[int, dict[tuple[str, str], list[float]]] = {
+        index: {(name, stat): [] for name in args.backends for stat in args.statistics}
+        for index in range(len(args.variants))
     }
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         convert_all(args, cfg, workdir)
         for measurement in range(args.measurements):
+            if measurement and args.interval:
+                time.sleep(args.interval)
             order = list(range(len(args.variants)))
             for index in order if measurement % 2 == 0 else order[::-1]:
                 rounds = measured(args, workdir, index)
                 for name, timed in rounds.items():
-                    p50s[index][name].append(LatencyResult.of_rounds(timed).p50_ms)
+                    result = LatencyResult.of_rounds(timed)
+                    for stat in args.statistics:
+                        latencies[index][name, stat].append(STATISTICS[stat](result))
                 now = time.strftime("%H:%M:%S")
-                latest = ", ".join(f"{n} {p[-1]:.2f}" for n, p in p50s[index].items())
+                latest = ", ".join(
+                    f"{n} {stat} {values[-1]:.2f}" for (n, stat), values in latencies[index].items()
+                )
                 print(f"{now} {args.variants[index] or 'as shipped'}: {latest}", file=sys.stderr)
     layers = "all six" if args.num_layers is None else str(args.num_layers)
     print(
         f"\nMiniLM-L6 at FFN {args.ffn_width}, {layers} layers; {args.measurements} fresh-process "
-        f"measurements per variant, each {args.rounds} interleaved rounds x {args.repeats} calls, "
-        f"{args.threads} threads; {cpu_model()}, torch {torch.__version__}"
+        f"measurements per variant, {args.interval:g} s apart, each {args.rounds} interleaved "
+        f"rounds x {args.repeats} calls, {args.threads} threads; {cpu_model()}, "
+        f"torch {torch.__version__}"
     )
     print(f"CPU flags: {isa_flags()}\n")
     print(
-        "| variant | backend | median p50 ms | range of p50s | later within 10% of earlier | "
+        "| variant | backend | statistic | median ms | range | later within 10% of earlier | "
         "largest move |"
     )
-    print("| --- | --- | ---: | --- | ---: | ---: |")
+    print("| --- | --- | --- | ---: | --- | ---: | ---: |")
     for index, variant in enumerate(args.variants):
-        for name, values in p50s[index].items():
+        for (name, stat), values in latencies[index].items():
             moves = [abs(b - a) / a for i, a in enumerate(values) for b in values[i + 1 :]]
             within = sum(move < WITHIN for move in moves)
             print(
-                f"| {variant or 'as shipped'} | {name} | {statistics.median(values):.2f} | "
-                f"{min(values):.2f}-{max(values):.2f} | {within}/{len(moves)} | "
-                f"{max(moves, default=0.0):.1%} |"
+                f"| {variant or 'as shipped'} | {name} | {stat} | "
+                f"{statistics.median(values):.2f} | {min(values):.2f}-{max(values):.2f} | "
+                f"{within}/{len(moves)} | {max(moves, default=0.0):.1%} |"
             )
     return 0
 

@@ -3,7 +3,9 @@
 A latency is kept once per (architecture, backend, protocol, machine) in the study's latency
 table. This measures every front point's architecture again, now, in a fresh process (an
 untrained model of the same architecture: weights do not change speed), under the study's own
-protocol with its rounds interleaved across the points, and prints how far each moved:
+protocol with its rounds interleaved across the points, and prints how far each moved, by the
+study's latency (the median of the rounds' medians) and by the fastest timed call (the steadiest
+summary on a shared machine, docs/benchmarks.md "Latency stability"):
 
     python scripts/retime_front.py +experiment=bert_ffn
 
@@ -13,6 +15,7 @@ read from `study.storage` under its `study.name`.
 
 from __future__ import annotations
 
+import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -77,23 +80,37 @@ def main(overrides: list[str]) -> None:
         f"Study '{study.study_name}': {len(front)} front points, re-timed in {protocol.rounds} "
         "interleaved rounds\n"
     )
-    print("| point | table p50 ms (rounds, spread) | now p50 ms (spread) | moved |")
-    print("|---|---|---|---|")
-    moves = []
+    print(
+        "| point | table p50 ms (rounds, spread) | now p50 ms (spread) | moved | "
+        "table fastest ms | now fastest ms | moved |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    moves: dict[str, list[float]] = {"p50": [], "fastest call": []}
     for name, rounds in again.items():
         now = LatencyResult.of_rounds(rounds)
         before = stored[name]
         if before is None:
-            print(f"| {name} | not in the table | {now.p50_ms:.2f} ({now.spread_pct:.0f}%) | - |")
+            print(
+                f"| {name} | not in the table | {now.p50_ms:.2f} ({now.spread_pct:.0f}%) | - | "
+                f"- | {now.min_ms:.2f} | - |"
+            )
             continue
         moved = 100.0 * (now.p50_ms - before.p50_ms) / before.p50_ms
-        moves.append(abs(moved))
+        fastest_moved = 100.0 * (now.min_ms - before.min_ms) / before.min_ms
+        moves["p50"].append(abs(moved))
+        moves["fastest call"].append(abs(fastest_moved))
         print(
             f"| {name} | {before.p50_ms:.2f} ({before.rounds}, {before.spread_pct:.0f}%) | "
-            f"{now.p50_ms:.2f} ({now.spread_pct:.0f}%) | {moved:+.1f}% |"
+            f"{now.p50_ms:.2f} ({now.spread_pct:.0f}%) | {moved:+.1f}% | "
+            f"{before.min_ms:.2f} | {now.min_ms:.2f} | {fastest_moved:+.1f}% |"
         )
-    if moves:
-        print(f"\nLargest move: {max(moves):.1f}%; median {sorted(moves)[len(moves) // 2]:.1f}%")
+    for summary, moved in moves.items():
+        if moved:
+            within = sum(move < 10.0 for move in moved)
+            print(
+                f"\nBy {summary}: {within} of {len(moved)} within 10%; largest move "
+                f"{max(moved):.1f}%, median {statistics.median(moved):.1f}%"
+            )
 
 
 if __name__ == "__main__":

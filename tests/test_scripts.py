@@ -191,17 +191,27 @@ def test_bench_repeatability_times_each_variant_in_fresh_processes_taking_turns(
         "bench_repeatability.py",
         *("--ffn-width", "256", "--num-layers", "1", "--backends", "eager", "onnxruntime"),
         *("--variants", *variants, "--measurements", "2", "--rounds", "1", "--repeats", "2"),
+        *("--statistics", "p50", "min"),
         cwd=tmp_path,
     )
     rows = table_cells(result.stdout)
-    assert rows[0][:2] == ["variant", "backend"]
+    assert rows[0][:3] == ["variant", "backend", "statistic"]
     body = rows[2:]
-    assert [row[:2] for row in body] == [[v, b] for v in variants for b in ("eager", "onnxruntime")]
+    assert [row[:3] for row in body] == [
+        [v, b, s] for v in variants for b in ("eager", "onnxruntime") for s in ("p50", "min")
+    ]
     for row in body:
-        low, high = (float(ms) for ms in row[3].split("-"))
-        assert low <= float(row[2]) <= high
+        low, high = (float(ms) for ms in row[4].split("-"))
+        assert low <= float(row[3]) <= high
         # Two measurements make one (earlier, later) pair.
-        assert row[4].endswith("/1")
+        assert row[5].endswith("/1")
+    # Each measurement's fastest call is no slower than its median, so neither are the fastest
+    # calls' median, lowest and highest over the measurements.
+    for p50, fastest in zip(body[::2], body[1::2], strict=True):
+        assert float(fastest[3]) <= float(p50[3])
+        p50_range, fastest_range = (row[4].split("-") for row in (p50, fastest))
+        for low_or_high in (0, 1):
+            assert float(fastest_range[low_or_high]) <= float(p50_range[low_or_high])
     # One line per measurement, the variants taking turns in alternating order.
     lines = [line for line in result.stderr.splitlines() if ": eager " in line]
     measured = [line.split()[1].rstrip(":") for line in lines]
