@@ -178,7 +178,7 @@ def completed_points(study: optuna.Study, launched: float) -> list[tuple[float, 
         for t in study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))
     }
     points = [
-        (finished[p.trial_number] - launched, p.val_accuracy, p.latency_ms_p50)
+        (finished[p.trial_number] - launched, p.val_accuracy, p.latency_ms)
         for p in study_points(study, constraints)
         if p.feasible
     ]

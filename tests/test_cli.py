@@ -301,6 +301,47 @@ def test_a_resume_with_other_backend_choices_is_refused_before_training(tmp_path
 
 
 @pytest.mark.slow
+def test_a_study_ranking_by_the_fastest_call_keeps_it_as_its_objective(tmp_path):
+    backends = "search_space={deploy.backend:'choice(eager,onnxruntime)'}"
+    first = run_cli(
+        tmp_path,
+        *SMOKE,
+        "debug.overrides.study.n_trials=1",
+        backends,
+        "deploy.latency.statistic=min",
+    )
+    assert first.returncode == 0, first.stderr
+    assert "add val_accuracy, latency_ms_min and the pareto tag" in first.stdout
+    study = _study(tmp_path)
+    assert study.metric_names == ["val_accuracy", "latency_ms_min"]
+    complete = {t.number: t for t in study.get_trials(states=(TrialState.COMPLETE,))}
+    client, parents, children = _mlflow(tmp_path)
+    assert parents[0].data.params["latency.statistic"] == "min"
+    assert len(children) == len(complete) == 2  # one trained model, on two backends
+    for run in children:
+        metrics = run.data.metrics
+        # Optuna's objective is the point's fastest call, never slower than its median.
+        objective = complete[int(run.data.tags["optuna.trial_number"])].values[1]
+        assert metrics["latency_ms_min"] == pytest.approx(objective)
+        assert metrics["latency_ms_min"] <= metrics["latency_ms_p50"]
+    front_csv = client.download_artifacts(parents[0].info.run_id, "pareto/front.csv", str(tmp_path))
+    assert open(front_csv).readline().split(",")[:5] == [
+        "trial",
+        "backend",
+        "val_accuracy",
+        "latency_ms_min",
+        "latency_ms_p95",
+    ]
+    # A resume that would rank by p50 is refused before training; nothing is renamed.
+    again = run_cli(tmp_path, *SMOKE, "debug.overrides.study.n_trials=2", backends)
+    assert again.returncode == 2
+    assert "key 'deploy.latency.statistic'" in again.stderr
+    assert 'created with deploy.latency.statistic="min"' in again.stderr
+    assert _study(tmp_path).metric_names == ["val_accuracy", "latency_ms_min"]
+    assert len(_study(tmp_path).trials) == len(study.trials)
+
+
+@pytest.mark.slow
 def test_accuracy_drop_constraint_reaches_optuna_and_the_front(tmp_path):
     result = run_cli(
         tmp_path, *SMOKE, "debug.overrides.study.n_trials=1", "study.max_accuracy_drop=0.0"

@@ -123,3 +123,13 @@ def test_a_heartbeat_grace_period_within_one_interval_is_refused():
     space = build_search_space(cfg.search_space, cfg, {})
     with pytest.raises(ConfigError, match="'study.heartbeat.grace_period': 10 must be longer"):
         check_config(cfg, space, {})
+
+
+def test_an_unknown_latency_statistic_is_refused_naming_the_choices():
+    cfg = resolve(_compose("+experiment=bert_ffn", "deploy.latency.statistic=mean"))
+    space = build_search_space(cfg.search_space, cfg, {})
+    with pytest.raises(
+        ConfigError,
+        match="key 'deploy.latency.statistic': unknown value 'mean'; choose one of min, p50",
+    ):
+        check_config(cfg, space, {})

@@ -13,7 +13,9 @@ from conftest import REPO, TINY_BERT
 from omegaconf import OmegaConf
 
 from tuner.backends import ExampleInputs
-from tuner.latency import LatencyProtocol, LatencyResult, time_rounds
+from tuner.errors import ConfigError
+from tuner.front import LATENCY_KEY_ATTR, study_points
+from tuner.latency import LatencyProtocol, LatencyResult, objective_name, time_rounds
 from tuner.latency_table import (
     LatencyTable,
     digest_of,
@@ -22,6 +24,7 @@ from tuner.latency_table import (
     structure_of,
 )
 from tuner.optuna_compat import study_id_of
+from tuner.settings import SETTINGS_ATTR
 
 PROTOCOL_RECORD = {"latency.seq_len": 16, "latency.cpu": "test CPU", "latency.cpu_flags": "avx2"}
 DEPLOY = OmegaConf.create(
@@ -43,6 +46,49 @@ def test_latency_of_rounds_is_the_median_of_round_medians():
 def test_one_round_has_no_spread():
     result = LatencyResult.of_rounds([[3, 1, 2]])
     assert (result.p50_ms, result.spread_pct, result.rounds) == (2, 0.0, 1)
+
+
+def test_a_latency_is_ranked_by_the_statistic_the_study_chose():
+    result = LatencyResult.of_rounds([[3, 1, 2], [9, 5, 7]])
+    # Round medians 2 and 7, whose median is 4.5; the fastest of the six calls took 1.
+    assert result.ranked_ms("p50") == 4.5 and result.ranked_ms("min") == 1
+    with pytest.raises(ConfigError, match="key 'deploy.latency.statistic': unknown value 'mean'"):
+        result.ranked_ms("mean")
+    assert objective_name("min") == "latency_ms_min"
+    # The table ranks by the study's stored statistic; a study made before there was one (no
+    # such setting, or no settings at all) by p50, as it always did.
+    stored = {SETTINGS_ATTR: {"deploy.latency.statistic": "min", "data.split_seed": 0}}
+    assert LatencyTable.of_attrs(stored).statistic == "min"
+    assert LatencyTable.of_attrs({SETTINGS_ATTR: {"data.split_seed": 0}}).statistic == "p50"
+    assert LatencyTable.of_attrs({}).statistic == "p50"
+
+
+def test_the_front_is_drawn_by_the_study_s_statistic(tmp_path):
+    # Model A (0.90) timed [5, 12, 12]: p50 12, fastest call 5. Model B (0.80) timed [8, 8, 8]:
+    # 8 either way. By p50 each is on the front (B is faster); by the fastest call A is both
+    # faster and more accurate, and B is dominated.
+    storage, study_id = _storage(tmp_path / "s.db")
+    study = optuna.load_study(study_name="s", storage=storage)
+    for name, accuracy, calls in (("a", 0.90, [5.0, 12.0, 12.0]), ("b", 0.80, [8.0, 8.0, 8.0])):
+        key = latency_key(_model(name=name), STRUCTURE, "eager", DEPLOY, PROTOCOL_RECORD)
+        record_session(storage, study_id, key, [calls])
+        study.add_trial(
+            optuna.trial.create_trial(
+                values=[accuracy, calls[1]],
+                user_attrs={"deploy.backend": "eager", LATENCY_KEY_ATTR: digest_of(key)},
+            )
+        )
+    by_p50 = study_points(study)
+    assert [(p.latency_ms, p.pareto, p.latency_statistic) for p in by_p50] == [
+        (12.0, True, "p50"),
+        (8.0, True, "p50"),
+    ]
+    study.set_user_attr(SETTINGS_ATTR, {"deploy.latency.statistic": "min"})
+    by_fastest = study_points(study)
+    assert [(p.latency_ms, p.pareto, p.latency_statistic) for p in by_fastest] == [
+        (5.0, True, "min"),
+        (8.0, False, "min"),
+    ]
 
 
 def test_rounds_interleave_the_backends():
@@ -130,6 +176,8 @@ def test_what_does_not_change_the_timed_graph_is_not_in_the_key():
     # The device kind is the backend's own, and a GPU's model is in the protocol record: CPU
     # keys stay what they were before studies could deploy on a GPU.
     assert _digest(_model(), deploy=OmegaConf.merge(DEPLOY, {"device": "cpu"})) == base
+    # How the rounds are summarised is read from the study, not the key: the rounds are kept.
+    assert _digest(_model(), record={**PROTOCOL_RECORD, "latency.statistic": "min"}) == base
 
 
 def test_backend_settings_protocol_and_machine_are_in_the_key():

@@ -16,7 +16,7 @@ def _point(number: int, accuracy: float, latency: float, pareto: bool = True) ->
         trial_number=number,
         backend="eager",
         val_accuracy=accuracy,
-        latency_ms_p50=latency,
+        latency_ms=latency,
         latency_ms_p95=latency,
         model_size_mb=1.0,
         trained_in_trial=number,
@@ -86,5 +86,5 @@ def test_rule_descriptions():
     )
     assert (
         Rule(max_accuracy_drop=None, max_latency_ms=12).describe()
-        == "the most accurate point with p50 latency <= 12 ms"
+        == "the most accurate point with latency <= 12 ms"
     )

@@ -98,11 +98,11 @@ def test_parent_run_holds_the_front_hypervolume_and_protocol(smoke):
     assert [m.step for m in seconds] == [1, 2] and 0 < seconds[0].value < seconds[1].value
     reference = study.user_attrs["hypervolume_reference"]
     # Fixed after the first trial: twice the slowest point of the first trained model.
-    first = [p.latency_ms_p50 for p in points if p.trained_in_trial == 0]
+    first = [p.latency_ms for p in points if p.trained_in_trial == 0]
     assert reference == [0.0, pytest.approx(2 * max(first))]
     from tuner.pareto import hypervolume
 
-    expected = hypervolume([(p.val_accuracy, p.latency_ms_p50) for p in points], tuple(reference))
+    expected = hypervolume([(p.val_accuracy, p.latency_ms) for p in points], tuple(reference))
     assert history[-1].value == pytest.approx(expected)
     front_size = client.get_metric_history(parent.info.run_id, "pareto_points")[-1].value
     assert front_size == sum(p.pareto for p in points)
@@ -275,10 +275,10 @@ def test_the_report_shows_where_the_time_goes_and_profiles_a_point_on_demand(smo
 def test_report_rules_and_a_study_still_running(smoke):
     study = _load_study(smoke)
     points = study_points(study)
-    fastest = min((p for p in points if p.pareto), key=lambda p: p.latency_ms_p50)
-    budget = _report(smoke, "--skip-test", "--max-latency-ms", repr(fastest.latency_ms_p50))
+    fastest = min((p for p in points if p.pareto), key=lambda p: p.latency_ms)
+    budget = _report(smoke, "--skip-test", "--max-latency-ms", repr(fastest.latency_ms))
     assert budget.returncode == 0, budget.stderr
-    rule = Rule(max_accuracy_drop=None, max_latency_ms=fastest.latency_ms_p50)
+    rule = Rule(max_accuracy_drop=None, max_latency_ms=fastest.latency_ms)
     chosen = recommend(points, rule, baseline_of(study.trials))
     assert f"Recommended: trial #{chosen.trial_number}" in budget.stdout
     nothing = _report(smoke, "--skip-test", "--max-latency-ms", "0.000001")

@@ -125,7 +125,7 @@ def test_without_a_budget_or_early_stopping_the_trained_artifacts_are_timed(stud
     table = LatencyTable.of_attrs(study.user_attrs)
     (rounds,) = table.rounds.values()
     assert len(rounds) == 5 + 1
-    latencies = {p.latency_ms_p50 for p in study_points(study)}
+    latencies = {p.latency_ms for p in study_points(study)}
     assert latencies == {table.result(first.user_attrs["latency_key"]).p50_ms}
 
 
@@ -235,7 +235,7 @@ def test_a_curve_that_cannot_reach_the_front_is_stopped_and_one_that_can_goes_on
     table = LatencyTable.of_attrs(study.user_attrs)
     (rounds,) = table.rounds.values()
     assert len(rounds) == 5 + 3
-    latencies = {p.latency_ms_p50 for p in study_points(study)}
+    latencies = {p.latency_ms for p in study_points(study)}
     assert latencies == {table.result(first.user_attrs["latency_key"]).p50_ms}
 
     # A resume reuses the table: nothing is measured before training, one round is added.

@@ -79,6 +79,29 @@ def test_the_objectives_cannot_be_changed():
         settle(study, _settings(), ["objectives"])
 
 
+def test_the_latency_statistic_names_the_objective():
+    assert _settings("deploy.latency.statistic=min")["objectives"] == {
+        "val_accuracy": "maximize",
+        "latency_ms_min": "minimize",
+    }
+
+
+def test_a_study_made_before_the_latency_statistic_was_a_setting_ranks_by_p50():
+    study = optuna.create_study(study_name="s", directions=["maximize", "minimize"])
+    older = {k: v for k, v in _settings().items() if k != "deploy.latency.statistic"}
+    study.set_user_attr(SETTINGS_ATTR, older)
+    assert settle(study, _settings(), []) == []
+    with pytest.raises(ConfigError) as refused:
+        settle(study, _settings("deploy.latency.statistic=min"), [])
+    message = str(refused.value)
+    assert "key 'deploy.latency.statistic'" in message
+    assert 'created with deploy.latency.statistic="p50"' in message
+    # Not even on purpose: the points it has were ranked by p50, its objective.
+    with pytest.raises(ConfigError, match="key 'objectives'"):
+        settle(study, _settings("deploy.latency.statistic=min"), ["deploy.latency.statistic"])
+    assert study.user_attrs[SETTINGS_ATTR] == older
+
+
 def test_change_keys_must_be_settings():
     check_change_keys(["data", "data.split_seed", "study.hypervolume_reference", "deploy"])
     with pytest.raises(ConfigError, match="key 'study.change_settings': 'study.n_trials'"):

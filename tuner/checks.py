@@ -16,6 +16,7 @@ from tuner.backends import BACKENDS
 from tuner.data import DATA_SOURCES
 from tuner.devices import device_format_ok
 from tuner.errors import ConfigError
+from tuner.latency import LATENCY_STATISTICS, STATISTIC_KEY
 from tuner.models import MODEL_FAMILIES
 from tuner.registry import Registry
 from tuner.samplers import SAMPLERS
@@ -31,6 +32,7 @@ REGISTRY_KEYS: dict[str, Registry[Any]] = {
     "train.precision": TRAIN_PRECISIONS,
     "deploy.backend": BACKENDS,
     "study.sampler": SAMPLERS,
+    STATISTIC_KEY: LATENCY_STATISTICS,
 }
 
 

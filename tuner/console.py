@@ -268,13 +268,14 @@ def front_summary(
         console.print(
             f"[yellow]{failures.trials} trial(s) failed before any point; see fail_reason.[/]"
         )
-    front = sorted((p for p in points if p.pareto), key=lambda p: p.latency_ms_p50)
+    front = sorted((p for p in points if p.pareto), key=lambda p: p.latency_ms)
     if not front:
         console.print(f"Study '{study_name}' has no complete trial yet.")
         return
     eager = eager_point_of(points, baseline)
     table = Table(title=f"Pareto front of '{study_name}' ({len(front)} of {len(points)} points)")
-    columns = ["trial", "backend", "val_accuracy", "p50 ms", "p95 ms", "size MB"]
+    columns = ["trial", "backend", "val_accuracy", f"{front[0].latency_statistic} ms", "p95 ms"]
+    columns.append("size MB")
     columns.append(f"vs eager #{eager.trial_number}" if eager else "vs baseline")
     for column in columns:
         table.add_column(column, no_wrap=True)
@@ -286,10 +287,10 @@ def front_summary(
             str(p.trial_number),
             p.backend,
             f"{p.val_accuracy:.4f}",
-            f"{p.latency_ms_p50:.2f}",
+            f"{p.latency_ms:.2f}",
             f"{p.latency_ms_p95:.2f}",
             f"{p.model_size_mb:.1f}",
-            f"{eager.latency_ms_p50 / p.latency_ms_p50:.2f}x, {accuracy}" if eager else accuracy,
+            f"{eager.latency_ms / p.latency_ms:.2f}x, {accuracy}" if eager else accuracy,
         ]
         table.add_row(*row, params)
     console.print(table)
@@ -297,14 +298,16 @@ def front_summary(
     if eager:
         console.print(
             f"Speed-ups are against that model's eager fp32 point "
-            f"(#{eager.trial_number}: {eager.latency_ms_p50:.2f} ms)."
+            f"(#{eager.trial_number}: {eager.latency_ms:.2f} ms)."
         )
 
 
-def review_hint(tracking_uri: str, experiment_id: str, parent_run_id: str | None) -> None:
+def review_hint(
+    tracking_uri: str, experiment_id: str, parent_run_id: str | None, objective: str
+) -> None:
     """How to look at the study in the MLflow UI: the command, and the addresses of the
-    experiment's runs and of the run holding the front (the UI opens an experiment on its
-    GenAI overview otherwise)."""
+    experiment's runs (with the latency `objective`'s column to add) and of the run holding the
+    front (the UI opens an experiment on its GenAI overview otherwise)."""
     # Logs are read by others: a password in the URI is not printed.
     tracking_uri = re.sub(r"(//[^:/@]+):[^@/]*@", r"\1:***@", tracking_uri)
     served = tracking_uri.startswith(("http://", "https://"))
@@ -312,9 +315,7 @@ def review_hint(tracking_uri: str, experiment_id: str, parent_run_id: str | None
     runs = f"{base}/#/experiments/{experiment_id}/runs"
     if not served:
         console.print(f"Review it: mlflow ui --backend-store-uri {tracking_uri}")
-    console.print(
-        f"  runs (add val_accuracy, latency_ms_p50 and the pareto tag as columns): {runs}"
-    )
+    console.print(f"  runs (add val_accuracy, {objective} and the pareto tag as columns): {runs}")
     if parent_run_id:
         console.print(f"  the front (Artifacts, pareto/front.html): {runs}/{parent_run_id}")
 
@@ -323,8 +324,9 @@ def recommendation(point: Point, rule: str) -> None:
     params = ", ".join(f"{key}={_short(value)}" for key, value in point.params.items())
     console.print(
         f"[bold]Recommended: trial #{point.trial_number}[/] ({rule}): {point.backend}, "
-        f"val_accuracy {point.val_accuracy:.4f}, p50 {point.latency_ms_p50:.2f} ms "
-        f"(p95 {point.latency_ms_p95:.2f}), {point.model_size_mb:.1f} MB\n  {params}"
+        f"val_accuracy {point.val_accuracy:.4f}, "
+        f"{point.latency_statistic} {point.latency_ms:.2f} ms (p95 {point.latency_ms_p95:.2f}), "
+        f"{point.model_size_mb:.1f} MB\n  {params}"
     )
 
 

@@ -74,7 +74,7 @@ class Constraints:
         return cls(None if drop is None else float(drop), None if budget is None else float(budget))
 
     def values(
-        self, val_accuracy: float, latency_ms_p50: float, baseline: Baseline
+        self, val_accuracy: float, latency_ms: float, baseline: Baseline
     ) -> dict[str, float]:
         """Constraint name -> value, for the constraints that are set."""
         result = {}
@@ -83,8 +83,8 @@ class Constraints:
             best = baseline.accuracy if math.isfinite(baseline.accuracy) else val_accuracy
             result["accuracy_drop"] = best - val_accuracy - self.max_accuracy_drop
         if self.latency_budget_ms is not None:
-            result["latency_budget"] = latency_ms_p50 - self.latency_budget_ms
+            result["latency_budget"] = latency_ms - self.latency_budget_ms
         return result
 
-    def feasible(self, val_accuracy: float, latency_ms_p50: float, baseline: Baseline) -> bool:
-        return all(v <= 0 for v in self.values(val_accuracy, latency_ms_p50, baseline).values())
+    def feasible(self, val_accuracy: float, latency_ms: float, baseline: Baseline) -> bool:
+        return all(v <= 0 for v in self.values(val_accuracy, latency_ms, baseline).values())

@@ -65,7 +65,7 @@ def hypervolume_reference(
 ) -> tuple[float, float] | None:
     """The study's reference, fixed in the study the first time it can be taken."""
     stored = study.user_attrs.get(REFERENCE_ATTR)
-    reference = reference_point(stored, configured, [p.latency_ms_p50 for p in points])
+    reference = reference_point(stored, configured, [p.latency_ms for p in points])
     if stored is None and reference is not None:
         study.set_user_attr(REFERENCE_ATTR, list(reference))
     return reference
@@ -82,7 +82,7 @@ def convergence(
     reference = hypervolume_reference(study, configured, points)
     if reference is None:
         return None
-    feasible = [(p.val_accuracy, p.latency_ms_p50) for p in points if p.feasible]
+    feasible = [(p.val_accuracy, p.latency_ms) for p in points if p.feasible]
     seconds = (datetime.now() - started).total_seconds() if started else 0.0
     return Convergence(
         hypervolume(feasible, reference), reference, sum(p.pareto for p in points), seconds

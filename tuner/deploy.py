@@ -87,6 +87,7 @@ class BackendResult:
             "val_accuracy": self.val_accuracy,
             "latency_ms_p50": self.latency.p50_ms,
             "latency_ms_p95": self.latency.p95_ms,
+            "latency_ms_min": self.latency.min_ms,
             "latency_rounds": float(self.latency.rounds),
             "latency_spread_pct": self.latency.spread_pct,
             "model_size_mb": self.model_size_mb,

@@ -120,7 +120,7 @@ def backend_gains(trials: Sequence[FrozenTrial]) -> dict[str, float]:
 
 def _dominated_by(accuracy: float, latency: float, points: Sequence[Point]) -> Point | None:
     return next(
-        (p for p in points if dominates((p.val_accuracy, p.latency_ms_p50), (accuracy, latency))),
+        (p for p in points if dominates((p.val_accuracy, p.latency_ms), (accuracy, latency))),
         None,
     )
 
@@ -139,7 +139,8 @@ def stop_reason(
     on the front, or None when it might (or when too little is known to say).
 
     Args:
-        latency_ms: backend -> the p50 latency of this architecture there (None: unknown).
+        latency_ms: backend -> this architecture's latency there, by the study's statistic
+            (None: unknown).
         points: the study's points, feasibility and front as they stand.
     """
     if not settings.enabled or epoch < settings.min_epochs or epoch >= epochs:
@@ -166,7 +167,7 @@ def stop_reason(
             return None
         blocked.append(
             f"{backend} ({bound:.4f}, {latency:.2f} ms) dominated by trial "
-            f"#{winner.trial_number} ({winner.val_accuracy:.4f}, {winner.latency_ms_p50:.2f} ms)"
+            f"#{winner.trial_number} ({winner.val_accuracy:.4f}, {winner.latency_ms:.2f} ms)"
         )
     return (
         f"stopped after epoch {epoch} of {epochs}: val_accuracy {accuracy:.4f} can reach at most "

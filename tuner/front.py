@@ -12,13 +12,13 @@ import pandas as pd
 from tuner.budget import retried_numbers
 from tuner.constraints import Baseline, Constraints, baseline_of
 from tuner.insight.point import INSIGHT_ATTR, PointInsight
+from tuner.latency import DEFAULT_STATISTIC, objective_name
 from tuner.pareto import pareto_mask
 
 if TYPE_CHECKING:
     from tuner.convergence import Convergence
     from tuner.latency_table import LatencyTable
 
-METRIC_COLUMNS = ("val_accuracy", "latency_ms_p50", "latency_ms_p95", "model_size_mb")
 # Optuna user attributes that tie a point to its MLflow run and logged model.
 RUN_ID_ATTR = "mlflow_run_id"
 MODEL_URI_ATTR = "mlflow_model_uri"
@@ -34,12 +34,17 @@ TEACHER_OF_ATTR = "distill_teacher_of"
 
 @dataclass(frozen=True)
 class Point:
-    """One trained configuration deployed on one backend."""
+    """One trained configuration deployed on one backend.
+
+    Attributes:
+        latency_ms: its latency as the study ranks it: its `latency_statistic` (p50, min; see
+            `tuner.latency.LATENCY_STATISTICS`) of its timed calls.
+    """
 
     trial_number: int
     backend: str
     val_accuracy: float
-    latency_ms_p50: float
+    latency_ms: float
     latency_ms_p95: float
     model_size_mb: float
     trained_in_trial: int
@@ -51,6 +56,7 @@ class Point:
     mlflow_run_id: str | None = None
     # Where its time goes (`tuner.insight.point`); None for a point made by an older version.
     insight: PointInsight | None = None
+    latency_statistic: str = DEFAULT_STATISTIC
 
     @property
     def status(self) -> str:
@@ -96,25 +102,27 @@ def points_of(
     Feasibility is recomputed here against the study's baseline (`tuner.constraints`), so it is
     right even for points made before the model that sets it existed. With the study's latency
     `table`, a point's latency is its key's as the table now stands (rounds added since the point
-    was made included), so every point of one architecture and backend has the same; a point
-    made before the study had a table keeps the latency it was measured with.
+    was made included), summarised by the study's statistic, so every point of one architecture
+    and backend has the same; a point made before the study had a table keeps the latency it was
+    measured with.
     """
     trials = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
     constraints = constraints or Constraints()
+    statistic = table.statistic if table else DEFAULT_STATISTIC
     baseline = baseline_of(trials)
 
     def latency_of(trial: optuna.trial.FrozenTrial) -> tuple[float, float]:
         measured = table.result(trial.user_attrs.get(LATENCY_KEY_ATTR)) if table else None
         if measured is None:
             return trial.values[1], float(trial.user_attrs.get("latency_ms_p95", float("nan")))
-        return measured.p50_ms, measured.p95_ms
+        return measured.ranked_ms(statistic), measured.p95_ms
 
     points = [
         Point(
             trial_number=trial.number,
             backend=str(trial.user_attrs.get("deploy.backend", "")),
             val_accuracy=trial.values[0],
-            latency_ms_p50=p50,
+            latency_ms=latency,
             latency_ms_p95=p95,
             model_size_mb=float(trial.user_attrs.get("model_size_mb", float("nan"))),
             trained_in_trial=int(trial.user_attrs.get("trained_in_trial", trial.number)),
@@ -124,20 +132,21 @@ def points_of(
                 if TEACHER_OF_ATTR in trial.user_attrs
                 else {}
             ),
-            feasible=constraints.feasible(trial.values[0], p50, baseline),
+            feasible=constraints.feasible(trial.values[0], latency, baseline),
             model_uri=trial.user_attrs.get(MODEL_URI_ATTR),
             mlflow_run_id=trial.user_attrs.get(RUN_ID_ATTR),
             insight=PointInsight.of_attr(trial.user_attrs.get(INSIGHT_ATTR)),
+            latency_statistic=statistic,
         )
         for trial in trials
-        for p50, p95 in [latency_of(trial)]
+        for latency, p95 in [latency_of(trial)]
     ]
     feasible = [p for p in points if p.feasible]
     on_front = {
         p.trial_number
         for p, keep in zip(
             feasible,
-            pareto_mask([(p.val_accuracy, p.latency_ms_p50) for p in feasible]),
+            pareto_mask([(p.val_accuracy, p.latency_ms) for p in feasible]),
             strict=True,
         )
         if keep
@@ -146,12 +155,16 @@ def points_of(
 
 
 def front_table(points: list[Point]) -> pd.DataFrame:
-    """The front, fastest first: trial, backend, metrics, then the dotted params."""
+    """The front, fastest first: trial, backend, metrics (the latency under its objective's
+    name), then the dotted params."""
     rows = [
         {
             "trial": p.trial_number,
             "backend": p.backend,
-            **{name: getattr(p, name) for name in METRIC_COLUMNS},
+            "val_accuracy": p.val_accuracy,
+            objective_name(p.latency_statistic): p.latency_ms,
+            "latency_ms_p95": p.latency_ms_p95,
+            "model_size_mb": p.model_size_mb,
             "trained_in_trial": p.trained_in_trial,
             **p.params,
         }
@@ -159,7 +172,7 @@ def front_table(points: list[Point]) -> pd.DataFrame:
         if p.pareto
     ]
     table = pd.DataFrame(rows)
-    return table.sort_values("latency_ms_p50").reset_index(drop=True) if rows else table
+    return table.sort_values(table.columns[3]).reset_index(drop=True) if rows else table
 
 
 def front_note(
@@ -170,7 +183,7 @@ def front_note(
     baseline: Baseline,
 ) -> str:
     """The parent run's description in MLflow: the front and how its latency was measured."""
-    front = sorted((p for p in points if p.pareto), key=lambda p: p.latency_ms_p50)
+    front = sorted((p for p in points if p.pareto), key=lambda p: p.latency_ms)
     lines = [
         f"**Study `{study_name}`**: {len(points)} points, {len(front)} on the feasible "
         "accuracy/latency front (`pareto/front.csv`, `pareto/front.html`).",
@@ -185,11 +198,11 @@ def front_note(
         ]
     if front:
         lines += [
-            "| trial | backend | val_accuracy | p50 ms | p95 ms | MB |",
+            f"| trial | backend | val_accuracy | {front[0].latency_statistic} ms | p95 ms | MB |",
             "|---|---|---|---|---|---|",
         ]
         lines += [
-            f"| {p.trial_number} | {p.backend} | {p.val_accuracy:.4f} | {p.latency_ms_p50:.2f} "
+            f"| {p.trial_number} | {p.backend} | {p.val_accuracy:.4f} | {p.latency_ms:.2f} "
             f"| {p.latency_ms_p95:.2f} | {p.model_size_mb:.1f} |"
             for p in front
         ]

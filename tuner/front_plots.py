@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tuner.front import Point
+from tuner.latency import DEFAULT_STATISTIC
 from tuner.palette import colours_for
 
 # Per status: opacity, and marker names in matplotlib and plotly.
@@ -19,8 +20,13 @@ def _colours(points: list[Point]) -> dict[str, str]:
     return colours_for(sorted({p.backend for p in points}))
 
 
+def _latency_axis(points: list[Point]) -> str:
+    statistic = points[0].latency_statistic if points else DEFAULT_STATISTIC
+    return f"latency {statistic} (ms)"
+
+
 def _front(points: list[Point]) -> list[Point]:
-    return sorted((p for p in points if p.pareto), key=lambda p: p.latency_ms_p50)
+    return sorted((p for p in points if p.pareto), key=lambda p: p.latency_ms)
 
 
 def plot_front_png(points: list[Point], title: str, path: Path) -> None:
@@ -36,7 +42,7 @@ def plot_front_png(points: list[Point], title: str, path: Path) -> None:
             group = [p for p in points if p.backend == backend and p.status == status]
             if group:
                 axes.scatter(
-                    [p.latency_ms_p50 for p in group],
+                    [p.latency_ms for p in group],
                     [p.val_accuracy for p in group],
                     color=colour,
                     alpha=_OPACITY[status],
@@ -48,7 +54,7 @@ def plot_front_png(points: list[Point], title: str, path: Path) -> None:
         axes.scatter([], [], color=colour, label=backend)
     front = _front(points)
     axes.step(
-        [p.latency_ms_p50 for p in front],
+        [p.latency_ms for p in front],
         [p.val_accuracy for p in front],
         where="post",
         color="black",
@@ -56,10 +62,10 @@ def plot_front_png(points: list[Point], title: str, path: Path) -> None:
         label="Pareto front",
     )
     for p in front:
-        axes.annotate(f"#{p.trial_number}", (p.latency_ms_p50, p.val_accuracy), fontsize=8)
+        axes.annotate(f"#{p.trial_number}", (p.latency_ms, p.val_accuracy), fontsize=8)
     if any(not p.feasible for p in points):
         axes.scatter([], [], color="gray", marker="x", alpha=0.5, label="infeasible")
-    axes.set_xlabel("latency p50 (ms)")
+    axes.set_xlabel(_latency_axis(points))
     axes.set_ylabel("validation accuracy")
     axes.set_title(title)
     axes.grid(alpha=0.3)
@@ -74,7 +80,8 @@ def _hover(point: Point) -> str:
         f"trial {point.trial_number} ({point.status})",
         f"backend {point.backend}",
         f"val_accuracy {point.val_accuracy:.4f}",
-        f"latency p50 {point.latency_ms_p50:.2f} ms, p95 {point.latency_ms_p95:.2f} ms",
+        f"latency {point.latency_statistic} {point.latency_ms:.2f} ms, "
+        f"p95 {point.latency_ms_p95:.2f} ms",
         f"size {point.model_size_mb:.1f} MB",
         *(f"{key} = {value}" for key, value in point.params.items() if key != "deploy.backend"),
     ]
@@ -102,7 +109,7 @@ def plot_front_html(points: list[Point], title: str, path: Path) -> None:
         )
         figure.add_trace(
             go.Scatter(
-                x=[p.latency_ms_p50 for p in mine],
+                x=[p.latency_ms for p in mine],
                 y=[p.val_accuracy for p in mine],
                 mode="markers",
                 name=backend,
@@ -122,7 +129,7 @@ def plot_front_html(points: list[Point], title: str, path: Path) -> None:
     front = _front(points)
     figure.add_trace(
         go.Scatter(
-            x=[p.latency_ms_p50 for p in front],
+            x=[p.latency_ms for p in front],
             y=[p.val_accuracy for p in front],
             mode="lines",
             line={"shape": "hv", "color": "black", "width": 1},
@@ -133,7 +140,7 @@ def plot_front_html(points: list[Point], title: str, path: Path) -> None:
     )
     figure.update_layout(
         title=title,
-        xaxis_title="latency p50 (ms)",
+        xaxis_title=_latency_axis(points),
         yaxis_title="validation accuracy",
         template="plotly_white",
         legend_title="backend",

@@ -30,6 +30,11 @@ from omegaconf import DictConfig
 from tuner.backends.base import ExampleInputs
 from tuner.backends.cpu import isa_flags
 from tuner.devices import gpu_index
+from tuner.registry import Registry
+
+STATISTIC_KEY = "deploy.latency.statistic"
+# The statistic of code given none, and of studies made before it was a setting.
+DEFAULT_STATISTIC = "p50"
 
 
 @dataclass(frozen=True)
@@ -41,6 +46,8 @@ class LatencyProtocol:
             evenly across `rounds`.
         max_rounds: rounds a measurement may grow to: each later trained model of the same
             architecture adds one round (on its deployed artifact) until there are this many.
+        statistic: how a measurement's timed calls are summarised into the latency the study
+            ranks by (`LATENCY_STATISTICS`), its objective `objective_name(statistic)`.
     """
 
     batch_size: int
@@ -50,14 +57,15 @@ class LatencyProtocol:
     repeats: int
     rounds: int = 1
     max_rounds: int = 1
+    statistic: str = DEFAULT_STATISTIC
 
     @classmethod
     def from_config(cls, latency_cfg: DictConfig) -> LatencyProtocol:
+        fields = [name for name in cls.__dataclass_fields__ if name in latency_cfg]
         return cls(
             **{
-                name: int(latency_cfg[name])
-                for name in cls.__dataclass_fields__
-                if name in latency_cfg
+                name: latency_cfg[name] if name == "statistic" else int(latency_cfg[name])
+                for name in fields
             }
         )
 
@@ -122,6 +130,24 @@ class LatencyResult:
             fastest_round_ms=float(medians.min()),
             samples_ms=[float(value) for value in samples],
         )
+
+    def ranked_ms(self, statistic: str) -> float:
+        """The latency a study with this `statistic` ranks by."""
+        return LATENCY_STATISTICS.get(statistic)(self)
+
+
+# How a measurement is summarised into the one latency a study ranks its points by. p50 is the
+# typical call; min, the fastest call, is what a slow spell of a shared machine moves least
+# (interference only ever adds time), measured in docs/benchmarks.md "Latency stability".
+LATENCY_STATISTICS: Registry[Callable[[LatencyResult], float]] = Registry(STATISTIC_KEY)
+LATENCY_STATISTICS.register("p50")(lambda result: result.p50_ms)
+LATENCY_STATISTICS.register("min")(lambda result: result.min_ms)
+
+
+def objective_name(statistic: str) -> str:
+    """The latency objective's name (Optuna's metric name, the front's column) under a
+    statistic: `latency_ms_p50`, `latency_ms_min`."""
+    return f"latency_ms_{statistic}"
 
 
 def _version(package: str) -> str:

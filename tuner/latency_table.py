@@ -25,7 +25,7 @@ import os
 import socket
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import optuna
@@ -33,7 +33,8 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from tuner.edits import EDITS
-from tuner.latency import LatencyResult
+from tuner.latency import DEFAULT_STATISTIC, STATISTIC_KEY, LatencyResult
+from tuner.settings import of_attrs
 
 _PREFIX = "latency:"
 _KEY_PREFIX = "latency-key:"
@@ -44,8 +45,9 @@ _TRAINING_ONLY = frozenset({"random_init", "dropout", "drop_rate"})
 # settings of onnxruntime_mixed, whose latency the table never keeps (its graph follows the
 # trained weights).
 _NOT_IN_DEPLOY_KEY = frozenset({"backend", "device", "latency", "mixed"})
-# How far a measurement may grow is no part of what it measures: raising it extends the table.
-_NOT_IN_PROTOCOL_KEY = frozenset({"latency.max_rounds"})
+# How far a measurement may grow is no part of what it measures: raising it extends the table;
+# nor is how its calls are summarised (the rounds are kept whole).
+_NOT_IN_PROTOCOL_KEY = frozenset({"latency.max_rounds", "latency.statistic"})
 
 
 def structure_of(model: nn.Module) -> list[list[Any]]:
@@ -96,24 +98,29 @@ def digest_of(key: Mapping[str, Any]) -> str:
 
 @dataclass(frozen=True)
 class LatencyTable:
-    """The measured rounds of every key of a study, as read at one moment."""
+    """The measured rounds of every key of a study, as read at one moment, and the statistic
+    the study ranks latency by (`deploy.latency.statistic`, a study setting)."""
 
     rounds: dict[str, list[list[float]]] = field(default_factory=dict)
+    statistic: str = DEFAULT_STATISTIC
 
     @classmethod
     def of_attrs(cls, user_attrs: Mapping[str, Any]) -> LatencyTable:
-        """Pool the sessions of each key; sessions in time order, so rounds are too."""
+        """Pool the sessions of each key; sessions in time order, so rounds are too. The
+        statistic is the study's stored one (the default for a study that stores no settings)."""
         sessions: dict[str, list[tuple[str, list[list[float]]]]] = {}
         for name, session in user_attrs.items():
             if not name.startswith(_PREFIX) or not isinstance(session, dict):
                 continue
             digest = name[len(_PREFIX) :].split(":", 1)[0]
             sessions.setdefault(digest, []).append((str(session.get("at", "")), session["rounds"]))
+        settings = of_attrs(user_attrs) or {}
         return cls(
             {
                 digest: [r for _, rounds in sorted(found, key=lambda s: s[0]) for r in rounds]
                 for digest, found in sessions.items()
-            }
+            },
+            str(settings.get(STATISTIC_KEY, DEFAULT_STATISTIC)),
         )
 
     @classmethod
@@ -129,7 +136,7 @@ class LatencyTable:
         """This table with `rounds` of `digest` added, as it reads once they are recorded (no
         second read of the storage)."""
         added = [list(r) for r in rounds]
-        return LatencyTable({**self.rounds, digest: [*self.rounds.get(digest, []), *added]})
+        return replace(self, rounds={**self.rounds, digest: [*self.rounds.get(digest, []), *added]})
 
     def round_count(self, digest: str) -> int:
         return len(self.rounds.get(digest, []))

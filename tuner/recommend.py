@@ -20,7 +20,8 @@ DEFAULT_MAX_ACCURACY_DROP = 0.01
 @dataclass(frozen=True)
 class Rule:
     """`max_accuracy_drop` in accuracy units (0.01 = one point) below the study's baseline;
-    `max_latency_ms` on p50 latency. Either may be None."""
+    `max_latency_ms` on the latency the study ranks by (`deploy.latency.statistic`). Either may
+    be None."""
 
     max_accuracy_drop: float | None = DEFAULT_MAX_ACCURACY_DROP
     max_latency_ms: float | None = None
@@ -37,7 +38,7 @@ class Rule:
         else:
             parts.append("the most accurate point")
         if self.max_latency_ms is not None:
-            parts.append(f"with p50 latency <= {self.max_latency_ms:g} ms")
+            parts.append(f"with latency <= {self.max_latency_ms:g} ms")
         return " ".join(parts)
 
 
@@ -60,7 +61,7 @@ def recommend(points: list[Point], rule: Rule, baseline: Baseline) -> Point | No
     candidates = [
         p
         for p in front
-        if (rule.max_latency_ms is None or p.latency_ms_p50 <= rule.max_latency_ms)
+        if (rule.max_latency_ms is None or p.latency_ms <= rule.max_latency_ms)
         and (
             rule.max_accuracy_drop is None
             or p.val_accuracy >= best_accuracy - rule.max_accuracy_drop - 1e-12
@@ -69,5 +70,5 @@ def recommend(points: list[Point], rule: Rule, baseline: Baseline) -> Point | No
     if not candidates:
         return None
     if rule.max_accuracy_drop is None:
-        return min(candidates, key=lambda p: (-p.val_accuracy, p.latency_ms_p50, p.trial_number))
-    return min(candidates, key=lambda p: (p.latency_ms_p50, -p.val_accuracy, p.trial_number))
+        return min(candidates, key=lambda p: (-p.val_accuracy, p.latency_ms, p.trial_number))
+    return min(candidates, key=lambda p: (p.latency_ms, -p.val_accuracy, p.trial_number))

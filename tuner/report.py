@@ -31,6 +31,7 @@ from tuner.front import Point, failures_of, points_of
 from tuner.insight.compare import biggest_difference, breakdown
 from tuner.insight.on_demand import op_table, profile_logged
 from tuner.insight.roofline import MachinePeak, stored_peaks
+from tuner.latency import objective_name
 from tuner.latency_table import LatencyTable
 from tuner.modalities import MODALITIES
 from tuner.recommend import DEFAULT_MAX_ACCURACY_DROP, Rule, recommend
@@ -198,7 +199,7 @@ def _summary(
         "rule": rule.describe(),
         "val_accuracy": point.val_accuracy,
         TEST_METRIC: accuracy,
-        "latency_ms_p50": point.latency_ms_p50,
+        objective_name(point.latency_statistic): point.latency_ms,
         "latency_ms_p95": point.latency_ms_p95,
         "model_size_mb": point.model_size_mb,
         "params": point.params,

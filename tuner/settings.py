@@ -21,9 +21,10 @@ from omegaconf import DictConfig, OmegaConf
 
 from tuner import console
 from tuner.errors import ConfigError
+from tuner.latency import DEFAULT_STATISTIC, STATISTIC_KEY, objective_name
 
-# Every study's objectives, in Optuna's order.
-OBJECTIVES = {"val_accuracy": "maximize", "latency_ms_p50": "minimize"}
+# Every study's objective directions, in Optuna's order; their names: `objectives`.
+DIRECTIONS = ("maximize", "minimize")
 SETTINGS_ATTR = "settings"
 CHANGES_ATTR = "settings_changes"
 CHANGE_KEY = "study.change_settings"
@@ -37,7 +38,15 @@ SHAPING = (
 )
 # Where a file is cached changes nothing it holds.
 _NOT_SHAPING = frozenset({"data.cache_dir"})
+# Settings added after studies were made: what a study that lacks one was made with.
+_INTRODUCED = {STATISTIC_KEY: DEFAULT_STATISTIC}
 _ABSENT = "<absent>"
+
+
+def objectives(statistic: str) -> dict[str, str]:
+    """The study's objectives (name -> direction) when it ranks latency by `statistic`."""
+    names = ("val_accuracy", objective_name(statistic))
+    return dict(zip(names, DIRECTIONS, strict=True))
 
 
 def settings_of(cfg: DictConfig) -> dict[str, Any]:
@@ -48,7 +57,7 @@ def settings_of(cfg: DictConfig) -> dict[str, Any]:
         node = OmegaConf.select(cfg, key)
         value = OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
         _flatten(key, value, flat)
-    flat["objectives"] = dict(OBJECTIVES)
+    flat["objectives"] = objectives(str(flat.get(STATISTIC_KEY, DEFAULT_STATISTIC)))
     return {key: value for key, value in flat.items() if key not in _NOT_SHAPING}
 
 
@@ -142,7 +151,14 @@ def settle(study: optuna.Study, given: Mapping[str, Any], changes: Collection[st
 
 
 def stored_settings(study: optuna.Study) -> dict[str, Any] | None:
-    return study.user_attrs.get(SETTINGS_ATTR)
+    return of_attrs(study.user_attrs)
+
+
+def of_attrs(user_attrs: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The settings stored in a study's user attributes, with the value of each setting added
+    since that it was made with; None for a study that keeps none."""
+    stored = user_attrs.get(SETTINGS_ATTR)
+    return None if stored is None else {**_INTRODUCED, **stored}
 
 
 def typed_contradiction(

@@ -42,7 +42,7 @@ from tuner.errors import ConfigError
 from tuner.front import Point, failures_of, front_note, points_of
 from tuner.insight.measure import study_peak
 from tuner.insight.roofline import MachinePeak
-from tuner.latency import LatencyProtocol, gpu_record
+from tuner.latency import LatencyProtocol, gpu_record, objective_name
 from tuner.latency_table import LatencyTable
 from tuner.modalities import MODALITIES, Modality
 from tuner.models import MODEL_FAMILIES
@@ -56,14 +56,13 @@ from tuner.optuna_compat import (
 from tuner.recovery import StaleTrials, deferred, interruptible, raise_if_interrupted
 from tuner.retrain import override_keys
 from tuner.samplers import SAMPLERS
-from tuner.settings import OBJECTIVES, check_change_keys, settings_of, settle
+from tuner.settings import DIRECTIONS, check_change_keys, settings_of, settle
 from tuner.space import SearchSpace
 from tuner.storage import Heartbeat, is_sqlite, live_trial_numbers, open_storage
 from tuner.teacher import ensure_trained, teachers_for
 from tuner.tracking import Tracker
 from tuner.trial import BACKEND_KEY, ModelFactory, Objective, ServingContext, TrialContext
 
-DIRECTIONS = tuple(OBJECTIVES.values())
 DEPLOY_DEVICE_KEY = "deploy.device"
 
 
@@ -199,7 +198,6 @@ def _create_study(
             f"Invalid config: key 'study.name': study '{study.study_name}' in {url} has "
             f"other objectives; choose another study.name"
         )
-    study.set_metric_names(list(OBJECTIVES))
     # Trials whose worker died long enough ago are failed and queued again before counting.
     optuna.storages.fail_stale_trials(study)
     state = "Resuming" if resumed else "Created"
@@ -258,7 +256,9 @@ def run_study(
     if _nothing_left(study, n_trials):
         console.budget_reached(study.study_name, n_trials)
         points = _summarise(study, constraints)
-        console.review_hint(str(cfg.tracking.uri), tracker.experiment_id, None)
+        console.review_hint(
+            str(cfg.tracking.uri), tracker.experiment_id, None, objective_name(protocol.statistic)
+        )
         return points
     protocol_record = {
         **protocol.record(prefix="latency."),
@@ -370,7 +370,9 @@ def run_study(
             raise
     tracker.finish(parent_id)
     points = _summarise(study, constraints)
-    console.review_hint(str(cfg.tracking.uri), tracker.experiment_id, parent_id)
+    console.review_hint(
+        str(cfg.tracking.uri), tracker.experiment_id, parent_id, objective_name(protocol.statistic)
+    )
     return points
 
 
@@ -408,7 +410,10 @@ def _claimed_trial_runner(
 
 
 def _settle_settings(study: optuna.Study, cfg: DictConfig) -> None:
-    changed = settle(study, settings_of(cfg), [str(key) for key in cfg.study.change_settings])
+    given = settings_of(cfg)
+    changed = settle(study, given, [str(key) for key in cfg.study.change_settings])
+    # Named once the settings hold: a resume refused for another statistic renames nothing.
+    study.set_metric_names(list(given["objectives"]))
     if any(key.startswith("study.hypervolume_reference") for key in changed):
         # A curve is only comparable against one reference: it starts again from the new one.
         study.set_user_attr(REFERENCE_ATTR, None)

@@ -66,7 +66,7 @@ from tuner.front import (
 from tuner.insight.measure import flops_per_call
 from tuner.insight.point import INSIGHT_ATTR, PointInsight
 from tuner.insight.roofline import MachinePeak, peak_key
-from tuner.latency import LatencyProtocol, LatencyResult, time_rounds
+from tuner.latency import LatencyProtocol, LatencyResult, objective_name, time_rounds
 from tuner.latency_table import (
     LatencyTable,
     digest_of,
@@ -126,9 +126,12 @@ def _from_table(table: LatencyTable, keys: LatencyKeys) -> dict[str, LatencyResu
     return {b: None if key is None else table.result(digest_of(key)) for b, key in keys.items()}
 
 
-def _fastest(latencies: Mapping[str, LatencyResult | None]) -> float:
-    """The smallest known p50 of a configuration's backends (NaN when none is known)."""
-    return min((r.p50_ms for r in latencies.values() if r is not None), default=math.nan)
+def _fastest(latencies: Mapping[str, LatencyResult | None], statistic: str) -> float:
+    """The smallest known latency (by `statistic`) of a configuration's backends (NaN when none
+    is known)."""
+    return min(
+        (r.ranked_ms(statistic) for r in latencies.values() if r is not None), default=math.nan
+    )
 
 
 def suggest(trial: optuna.Trial, space: Mapping[str, BaseDistribution]) -> dict[str, Any]:
@@ -241,6 +244,11 @@ class TrialContext:
     def study_trials(self) -> list[optuna.trial.FrozenTrial]:
         return self.storage.get_all_trials(self.study_id, deepcopy=False)
 
+    @property
+    def objective(self) -> str:
+        """The latency objective's name (a point's metric), by the study's statistic."""
+        return objective_name(self.protocol.statistic)
+
     def latency_table(self) -> LatencyTable:
         return LatencyTable.of_study(self.storage, self.study_id)
 
@@ -280,7 +288,8 @@ class _Trained:
 
 
 class Objective:
-    """Optuna's objective: returns (val_accuracy, latency_ms_p50) of the trial's own point."""
+    """Optuna's objective: returns (val_accuracy, latency) of the trial's own point, its latency
+    by the study's statistic (`latency_ms_p50` by default)."""
 
     def __init__(self, context: TrialContext) -> None:
         self.context = context
@@ -379,7 +388,9 @@ class Objective:
                         budget_ms = ctx.constraints.latency_budget_ms
                         over_budget = over_budget_reason(latencies, budget_ms)
                         if over_budget:
-                            raise NotWorthTraining(over_budget, 0.0, _fastest(latencies))
+                            raise NotWorthTraining(
+                                over_budget, 0.0, _fastest(latencies, ctx.protocol.statistic)
+                            )
                     trained = self._train(
                         model,
                         cfg,
@@ -421,7 +432,7 @@ class Objective:
             # Only a carried backend can be one that failed: a failed point, recorded above.
             raise BackendFailed(f"backend {own_backend}: {own.error}")
         ctx.tracker.finish(run_id)
-        return own.val_accuracy, own.metrics()["latency_ms_p50"]
+        return own.val_accuracy, own.metrics()[ctx.objective]
 
     def _representative(
         self, results: Mapping[str, BackendResult], trained: _Trained
@@ -432,7 +443,7 @@ class Objective:
         backend failed."""
         ctx = self.context
         points = {
-            backend: (result.val_accuracy, result.metrics()["latency_ms_p50"])
+            backend: (result.val_accuracy, result.metrics()[ctx.objective])
             for backend, result in results.items()
             if not result.error
         }
@@ -583,14 +594,19 @@ class Objective:
                     epoch.val_accuracy,
                     epoch.epoch,
                     int(cfg.train.epochs),
-                    {b: None if r is None else r.p50_ms for b, r in latencies.items()},
+                    {
+                        b: None if r is None else r.ranked_ms(ctx.protocol.statistic)
+                        for b, r in latencies.items()
+                    },
                     trials,
                     points_of(trials, ctx.constraints, table),
                     ctx.constraints,
                     ctx.pruning,
                 )
                 if reason:
-                    raise NotWorthTraining(reason, epoch.val_accuracy, _fastest(latencies))
+                    raise NotWorthTraining(
+                        reason, epoch.val_accuracy, _fastest(latencies, ctx.protocol.statistic)
+                    )
 
         def step_done(done: int, total: int, loss: float) -> None:
             raise_if_interrupted()
@@ -737,12 +753,12 @@ class Objective:
             return ctx.constraints.feasible(accuracy, latency, trained.baseline)
 
         existing = [
-            (p.val_accuracy, p.latency_ms_p50)
+            (p.val_accuracy, p.latency_ms)
             for p in points_of(ctx.study_trials(), table=ctx.latency_table())
-            if feasible(p.val_accuracy, p.latency_ms_p50)
+            if feasible(p.val_accuracy, p.latency_ms)
         ]
         new = {
-            backend: (result.val_accuracy, result.metrics()["latency_ms_p50"])
+            backend: (result.val_accuracy, result.metrics()[ctx.objective])
             for backend, result in results.items()
             if not result.error
         }
@@ -805,9 +821,7 @@ class Objective:
         ctx.tracker.set_tags(run_id, {"train.trained_on": trained.result.trained_on})
         if log_model:
             self._log_model(set_attr, run_id, result, overrides, params)
-        return ctx.constraints.values(
-            result.val_accuracy, metrics["latency_ms_p50"], trained.baseline
-        )
+        return ctx.constraints.values(result.val_accuracy, metrics[ctx.objective], trained.baseline)
 
     def _insight(
         self, set_attr, run_id: str, trained: _Trained, result: BackendResult
@@ -832,7 +846,8 @@ class Objective:
             # The peaks a study measures are its CPU's: a GPU point has no roof among them.
             return {"gflops_per_call": trained.flops / 1e9}
         peaks = {} if ctx.peak is None else {insight.peak_key: ctx.peak}
-        line = insight.roofline(result.latency.p50_ms, result.model_size_mb, peaks)
+        latency = result.latency.ranked_ms(ctx.protocol.statistic)
+        line = insight.roofline(latency, result.model_size_mb, peaks)
         if line is None:
             return {"gflops_per_call": trained.flops / 1e9}
         ctx.tracker.set_tags(run_id, {"roofline.bound": line.bound})
@@ -909,9 +924,7 @@ class Objective:
         }
         point = optuna.trial.create_trial(
             state=TrialState.FAIL if result.error else TrialState.COMPLETE,
-            values=None
-            if result.error
-            else [result.val_accuracy, result.metrics()["latency_ms_p50"]],
+            values=None if result.error else [result.val_accuracy, result.metrics()[ctx.objective]],
             params={name: params[name] for name in distributions},
             distributions=distributions,
             user_attrs=user_attrs,

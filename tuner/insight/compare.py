@@ -18,7 +18,7 @@ TOP_CLASSES = 3
 
 
 def breakdown(points: Sequence[Point], peaks: Mapping[str, MachinePeak]) -> Table:
-    """A column per point: p50, its top op classes (ms, share of the profiled call), the
+    """A column per point: its latency, its top op classes (ms, share of the profiled call), the
     profiled total, layout ops, GFLOP per call and the roofline fraction with its roof."""
     table = Table(title="Where one call's time goes (one profiled call, by op class)")
     table.add_column("")
@@ -29,7 +29,8 @@ def breakdown(points: Sequence[Point], peaks: Mapping[str, MachinePeak]) -> Tabl
         for name, _, _ in p.insight.top_classes(TOP_CLASSES) if p.insight else []:
             if name not in classes:
                 classes.append(name)
-    table.add_row("latency p50", *(f"{p.latency_ms_p50:.2f} ms" for p in points))
+    statistic = points[0].latency_statistic if points else ""
+    table.add_row(f"latency {statistic}", *(f"{p.latency_ms:.2f} ms" for p in points))
     for name in classes:
         table.add_row(name, *(_class_cell(p, name) for p in points))
     table.add_row(
@@ -65,7 +66,7 @@ def _layout_cell(point: Point) -> str:
 
 def _roofline_cell(point: Point, peaks: Mapping[str, MachinePeak]) -> str:
     line = (
-        point.insight.roofline(point.latency_ms_p50, point.model_size_mb, peaks)
+        point.insight.roofline(point.latency_ms, point.model_size_mb, peaks)
         if point.insight
         else None
     )

@@ -19,11 +19,11 @@ _CLASS_COLOURS = colours_for(OP_CLASSES, order=(0, 3, 2, 1, 4, 5, 7, 6, 8))
 def profiled_front(points: list[Point]) -> list[tuple[Point, PointInsight]]:
     """The front's points that carry a profile, fastest first, each with its insight."""
     front = [(p, p.insight) for p in points if p.pareto and p.insight and p.insight.profiled]
-    return sorted(front, key=lambda pair: pair[0].latency_ms_p50)
+    return sorted(front, key=lambda pair: pair[0].latency_ms)
 
 
 def _label(point: Point) -> str:
-    return f"#{point.trial_number} {point.backend} ({point.latency_ms_p50:.1f} ms)"
+    return f"#{point.trial_number} {point.backend} ({point.latency_ms:.1f} ms)"
 
 
 def plot_profile_png(points: list[Point], title: str, path: Path) -> None:
@@ -65,7 +65,7 @@ def plot_profile_html(points: list[Point], title: str, path: Path) -> None:
             continue
         hover = [
             f"{name}: {ms:.2f} ms ({ms / (insight.profiled_ms or 1):.0%})<br>"
-            f"latency p50 {p.latency_ms_p50:.2f} ms, layout ops "
+            f"latency {p.latency_statistic} {p.latency_ms:.2f} ms, layout ops "
             f"{'-' if insight.layout_ops is None else insight.layout_ops}"
             for (p, insight), ms in zip(front, widths, strict=True)
         ]
