@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import shlex
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -22,7 +23,8 @@ from mlflow.tracking import MlflowClient
 from tuner.config import apply_debug, compose_config, resolve
 from tuner.constraints import baseline_of
 from tuner.data import load_splits
-from tuner.front import study_points
+from tuner.front import LATENCY_KEY_ATTR, study_points
+from tuner.latency_table import LatencyTable
 from tuner.recommend import Rule, recommend
 
 # Real studies in subprocesses: the full suite's, not the fast selection's.
@@ -270,6 +272,40 @@ def test_the_report_shows_where_the_time_goes_and_profiles_a_point_on_demand(smo
     missing = _report(smoke, "--skip-test", "--profile", "999")
     assert missing.returncode == 2 and "no complete point #999" in missing.stderr
     assert "Recommended" not in missing.stdout
+
+
+def test_retime_front_times_the_front_again_against_the_study_s_table(smoke):
+    result = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "retime_front.py"), *SMOKE],
+        cwd=smoke,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr
+    study = _load_study(smoke)
+    front = [p for p in study_points(study) if p.pareto]
+    rows = [
+        [cell.strip() for cell in line.split("|")[1:-1]]
+        for line in result.stdout.splitlines()
+        if line.startswith("| #")
+    ]
+    assert [row[0] for row in rows] == [f"#{p.trial_number} {p.backend}" for p in front]
+    table = LatencyTable.of_attrs(study.user_attrs)
+    for row, point in zip(rows, front, strict=True):
+        rounds = table.rounds[study.trials[point.trial_number].user_attrs[LATENCY_KEY_ATTR]]
+        # The table's side, worked out from its rounds: the median of the rounds' medians and
+        # the fastest call; each move is the fresh figure's against it.
+        p50 = statistics.median(statistics.median(r) for r in rounds)
+        fastest = min(min(r) for r in rounds)
+        assert row[1].startswith(f"{p50:.2f} ({len(rounds)}, ")
+        assert row[4] == f"{fastest:.2f}"
+        for before, now, moved in ((p50, row[2].split()[0], row[3]), (fastest, row[5], row[6])):
+            expected = 100 * (float(now) - before) / before
+            assert float(moved.rstrip("%")) == pytest.approx(expected, abs=1.0)
+    summaries = [line for line in result.stdout.splitlines() if line.startswith("By ")]
+    assert [line.split(":")[0] for line in summaries] == ["By p50", "By fastest call"]
+    assert all(f"of {len(front)} within 10%" in line for line in summaries)
 
 
 def test_report_rules_and_a_study_still_running(smoke):
