@@ -106,12 +106,20 @@ def test_nothing_is_stopped_without_enough_knowledge_or_when_off():
 def test_over_budget_only_when_every_backend_is_known_and_over_in_its_fastest_round():
     slow = LatencyResult.of_rounds([[12.0], [13.0], [14.0]])
     fast = LatencyResult.of_rounds([[4.0], [5.0], [2.9]])  # median 4, fastest round 2.9
-    reason = over_budget_reason({"a": slow, "b": fast}, 2.5)
+    reason = over_budget_reason({"a": slow, "b": fast}, 2.5, "p50")
     assert "study.latency_budget_ms=2.5" in reason and "b 4.00 ms (fastest round 2.90)" in reason
     # One noisy measurement does not rule it out: its fastest round is within 3 ms.
-    assert over_budget_reason({"a": slow, "b": fast}, 3.0) is None
-    assert over_budget_reason({"a": slow, "b": None}, 2.5) is None
-    assert over_budget_reason({"a": slow}, None) is None
+    assert over_budget_reason({"a": slow, "b": fast}, 3.0, "p50") is None
+    assert over_budget_reason({"a": slow, "b": None}, 2.5, "p50") is None
+    assert over_budget_reason({"a": slow}, None, "p50") is None
+
+
+def test_a_study_ranking_by_the_fastest_call_trains_what_its_fastest_call_fits():
+    # Round medians 5 and 8 (fastest round 5), fastest call 2: over a 3 ms budget by p50, and
+    # even in its fastest round, but within it by the fastest call, the study's latency.
+    spiky = LatencyResult.of_rounds([[5.0, 2.0, 6.0], [7.0, 8.0, 9.0]])
+    assert "study.latency_budget_ms=3" in over_budget_reason({"a": spiky}, 3.0, "p50")
+    assert over_budget_reason({"a": spiky}, 3.0, "min") is None
 
 
 def test_a_pruned_trial_is_shown_to_samplers_as_the_poor_point_it_stands_for():

@@ -274,8 +274,8 @@ def front_summary(
         return
     eager = eager_point_of(points, baseline)
     table = Table(title=f"Pareto front of '{study_name}' ({len(front)} of {len(points)} points)")
-    columns = ["trial", "backend", "val_accuracy", f"{front[0].latency_statistic} ms", "p95 ms"]
-    columns.append("size MB")
+    latency = f"{front[0].latency_statistic} ms"
+    columns = ["trial", "backend", "val_accuracy", latency, "p95 ms", "size MB"]
     columns.append(f"vs eager #{eager.trial_number}" if eager else "vs baseline")
     for column in columns:
         table.add_column(column, no_wrap=True)

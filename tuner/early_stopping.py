@@ -177,15 +177,18 @@ def stop_reason(
 
 
 def over_budget_reason(
-    latencies: Mapping[str, LatencyResult | None], budget_ms: float | None
+    latencies: Mapping[str, LatencyResult | None], budget_ms: float | None, statistic: str
 ) -> str | None:
     """Why a configuration need not be trained at all: every backend's latency is known and
-    even its fastest round's median is over `study.latency_budget_ms` (noise only slows calls
-    down, so one noisy measurement does not rule an architecture out for good). None
-    otherwise."""
+    even its fastest round's median, and its latency by the study's `statistic`, are over
+    `study.latency_budget_ms` (noise only slows calls down, so one noisy measurement does not
+    rule an architecture out for good). None otherwise."""
     if budget_ms is None or not latencies:
         return None
-    if any(r is None or r.fastest_round_ms <= budget_ms for r in latencies.values()):
+    if any(
+        r is None or min(r.fastest_round_ms, r.ranked_ms(statistic)) <= budget_ms
+        for r in latencies.values()
+    ):
         return None
     listed = ", ".join(
         f"{backend} {r.p50_ms:.2f} ms (fastest round {r.fastest_round_ms:.2f})"

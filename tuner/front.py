@@ -171,8 +171,10 @@ def front_table(points: list[Point]) -> pd.DataFrame:
         for p in points
         if p.pareto
     ]
-    table = pd.DataFrame(rows)
-    return table.sort_values(table.columns[3]).reset_index(drop=True) if rows else table
+    if not rows:
+        return pd.DataFrame(rows)
+    latency = objective_name(points[0].latency_statistic)
+    return pd.DataFrame(rows).sort_values(latency).reset_index(drop=True)
 
 
 def front_note(

@@ -386,7 +386,9 @@ class Objective:
                             model, cfg, keys, Path(workdir) / "untrained"
                         )
                         budget_ms = ctx.constraints.latency_budget_ms
-                        over_budget = over_budget_reason(latencies, budget_ms)
+                        over_budget = over_budget_reason(
+                            latencies, budget_ms, ctx.protocol.statistic
+                        )
                         if over_budget:
                             raise NotWorthTraining(
                                 over_budget, 0.0, _fastest(latencies, ctx.protocol.statistic)

@@ -5,10 +5,10 @@ A point's achieved throughput is its architecture's FLOPs per call over its late
 study's statistic, `deploy.latency.statistic`); the roofline's attainable throughput is the
 smaller of the peak of the precision its backend computes in and its arithmetic intensity
 (FLOPs per byte of weights read per call, a lower bound on the traffic at batch 1) times the
-bandwidth. `roofline_fraction` is their ratio: near
-1, the kernels run at the machine's limit; far below, time goes to something other than
-arithmetic (layout ops, dispatch, small shapes). Measuring the peaks and counting FLOPs is
-`tuner.insight.measure`'s job; this module needs no torch, so the front can read it.
+bandwidth. `roofline_fraction` is their ratio: near 1, the kernels run at the machine's limit;
+far below, time goes to something other than arithmetic (layout ops, dispatch, small shapes).
+Measuring the peaks and counting FLOPs is `tuner.insight.measure`'s job; this module needs no
+torch, so the front can read it.
 """
 
 from __future__ import annotations
