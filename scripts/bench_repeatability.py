@@ -13,9 +13,9 @@ on all of them. Per variant and backend the table gives the median latency over 
 measurements, their range, and how many pairs of measurements (earlier, later) are within 10%
 of each other: the chance that re-timing a point later moves it by less than 10%.
 
-With `--statistics`, each measurement's rounds are also summarised by other statistics than the
-study's (the median of the round medians), to see which one a slow spell of the machine moves
-least; `--interval` spaces the measurements out, so the table covers the machine's drift over
+With `--statistics`, each measurement's rounds are also summarised by other statistics than p50
+(the median of the round medians), to see which one a slow spell of the machine moves least;
+`--interval` spaces the measurements out, so the table covers the machine's drift over
 minutes rather than seconds:
 
     python scripts/bench_repeatability.py --ffn-width 1280 --num-layers 4 \
@@ -46,7 +46,13 @@ from tuner.console import quiet_libraries
 from tuner.data import load_splits
 from tuner.deploy import convert
 from tuner.edits import apply_edits
-from tuner.latency import LatencyProtocol, LatencyResult, cpu_model, time_rounds
+from tuner.latency import (
+    LATENCY_STATISTICS,
+    LatencyProtocol,
+    LatencyResult,
+    cpu_model,
+    time_rounds,
+)
 from tuner.models import build_model
 from tuner.recipe import ModelRecipe
 from tuner.space import SearchSpace
@@ -55,11 +61,11 @@ from tuner.study import calibration_inputs, modality_for
 # A later measurement within this fraction of an earlier one counts as "the same latency".
 WITHIN = 0.10
 
-# How one measurement's rounds are summarised into one latency. p50 is the study's own.
+# How one measurement's rounds are summarised into one latency: the choices of a study's
+# `deploy.latency.statistic`, and two more to compare them with.
 STATISTICS = {
-    "p50": lambda result: result.p50_ms,
+    **{name: LATENCY_STATISTICS.get(name) for name in LATENCY_STATISTICS},
     "p10": lambda result: float(np.percentile(result.samples_ms, 10)),
-    "min": lambda result: result.min_ms,
     "fastest_round": lambda result: result.fastest_round_ms,
 }
 
@@ -86,7 +92,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         nargs="+",
         choices=sorted(STATISTICS),
         default=["p50"],
-        help="summaries of a measurement's timed calls to compare (p50 is the study's)",
+        help="summaries of a measurement's timed calls to compare (p50 and min: a study's choices)",
     )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=5)

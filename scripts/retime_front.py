@@ -3,9 +3,9 @@
 A latency is kept once per (architecture, backend, protocol, machine) in the study's latency
 table. This measures every front point's architecture again, now, in a fresh process (an
 untrained model of the same architecture: weights do not change speed), under the study's own
-protocol with its rounds interleaved across the points, and prints how far each moved, by the
-study's latency (the median of the rounds' medians) and by the fastest timed call (the steadiest
-summary on a shared machine, docs/benchmarks.md "Latency stability"):
+protocol with its rounds interleaved across the points, and prints how far each moved by both
+choices of `deploy.latency.statistic`: p50 (the median of the rounds' medians) and the fastest
+timed call (the steadier on a shared machine, docs/benchmarks.md "Latency stability"):
 
     python scripts/retime_front.py +experiment=bert_ffn
 

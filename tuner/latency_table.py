@@ -34,7 +34,7 @@ from torch import nn
 
 from tuner.edits import EDITS
 from tuner.latency import DEFAULT_STATISTIC, STATISTIC_KEY, LatencyResult
-from tuner.settings import of_attrs
+from tuner.settings import settings_in
 
 _PREFIX = "latency:"
 _KEY_PREFIX = "latency-key:"
@@ -114,7 +114,7 @@ class LatencyTable:
                 continue
             digest = name[len(_PREFIX) :].split(":", 1)[0]
             sessions.setdefault(digest, []).append((str(session.get("at", "")), session["rounds"]))
-        settings = of_attrs(user_attrs) or {}
+        settings = settings_in(user_attrs) or {}
         return cls(
             {
                 digest: [r for _, rounds in sorted(found, key=lambda s: s[0]) for r in rounds]

@@ -151,12 +151,12 @@ def settle(study: optuna.Study, given: Mapping[str, Any], changes: Collection[st
 
 
 def stored_settings(study: optuna.Study) -> dict[str, Any] | None:
-    return of_attrs(study.user_attrs)
+    return settings_in(study.user_attrs)
 
 
-def of_attrs(user_attrs: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The settings stored in a study's user attributes, with the value of each setting added
-    since that it was made with; None for a study that keeps none."""
+def settings_in(user_attrs: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The settings stored in a study's user attributes, a setting added since the study was
+    made reading as the value it was made with; None for a study that keeps none."""
     stored = user_attrs.get(SETTINGS_ATTR)
     return None if stored is None else {**_INTRODUCED, **stored}
 
