@@ -107,7 +107,10 @@ def test_over_budget_only_when_every_backend_is_known_and_over_in_its_fastest_ro
     slow = LatencyResult.of_rounds([[12.0], [13.0], [14.0]])
     fast = LatencyResult.of_rounds([[4.0], [5.0], [2.9]])  # median 4, fastest round 2.9
     reason = over_budget_reason({"a": slow, "b": fast}, 2.5, "p50")
-    assert "study.latency_budget_ms=2.5" in reason and "b 4.00 ms (fastest round 2.90)" in reason
+    assert (
+        "study.latency_budget_ms=2.5" in reason
+        and "b 4.00 ms (fastest round 2.90, fastest call 2.90)" in reason
+    )
     # One noisy measurement does not rule it out: its fastest round is within 3 ms.
     assert over_budget_reason({"a": slow, "b": fast}, 3.0, "p50") is None
     assert over_budget_reason({"a": slow, "b": None}, 2.5, "p50") is None

@@ -97,15 +97,34 @@ def test_a_study_made_before_the_latency_statistic_was_a_setting_ranks_by_p50():
     assert "key 'deploy.latency.statistic'" in message
     assert 'created with deploy.latency.statistic="p50"' in message
     # Not even on purpose: the points it has were ranked by p50, its objective.
-    with pytest.raises(ConfigError, match="key 'objectives'"):
+    with pytest.raises(ConfigError) as on_purpose:
         settle(study, _settings("deploy.latency.statistic=min"), ["deploy.latency.statistic"])
+    assert "key 'deploy.latency.statistic'" in str(on_purpose.value)
+    assert "start another study.name" in str(on_purpose.value)
     assert study.user_attrs[SETTINGS_ATTR] == older
+
+
+def test_a_study_that_keeps_no_settings_keeps_ranking_by_p50():
+    # Made by a version that stored no settings: its points were ranked by p50.
+    study = optuna.create_study(study_name="s", directions=["maximize", "minimize"])
+    study.add_trial(optuna.trial.create_trial(values=[0.8, 10.0]))
+    with pytest.raises(ConfigError) as refused:
+        settle(study, _settings("deploy.latency.statistic=min"), [])
+    assert "key 'deploy.latency.statistic'" in str(refused.value)
+    assert 'created with deploy.latency.statistic="p50"' in str(refused.value)
+    assert SETTINGS_ATTR not in study.user_attrs
+    assert settle(study, _settings(), []) == []
+    assert study.user_attrs[SETTINGS_ATTR] == _settings()
 
 
 def test_change_keys_must_be_settings():
     check_change_keys(["data", "data.split_seed", "study.hypervolume_reference", "deploy"])
     with pytest.raises(ConfigError, match="key 'study.change_settings': 'study.n_trials'"):
         check_change_keys(["study.n_trials"])
+    # What the points were ranked by is no setting to change.
+    for fixed in ("objectives", "deploy.latency.statistic"):
+        with pytest.raises(ConfigError, match=f"'{fixed}': a study keeps the objectives"):
+            check_change_keys([fixed])
 
 
 def test_a_reading_command_refuses_only_what_it_typed():

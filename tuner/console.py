@@ -92,18 +92,21 @@ def backend_result(result: BackendResult) -> None:
 
 
 def latencies_before_training(
-    results: Mapping[str, LatencyResult | None], measured: list[str]
+    results: Mapping[str, LatencyResult | None], measured: list[str], statistic: str
 ) -> None:
-    """One line: this architecture's latency on each backend, and which were measured now (on
-    the untrained model) rather than taken from the study's latency table."""
+    """One line: this architecture's latency on each backend by the study's `statistic`, and
+    which were measured now (on the untrained model) rather than taken from the study's latency
+    table."""
     shown = []
     for backend, result in results.items():
         if result is None:
             shown.append(f"{backend} ?")
             continue
         source = "" if backend in measured else " (table)"
-        shown.append(f"{backend} {result.p50_ms:.2f} ms ±{result.spread_pct:.0f}%{source}")
-    console.print("  latency before training: " + ", ".join(shown))
+        shown.append(
+            f"{backend} {result.ranked_ms(statistic):.2f} ms ±{result.spread_pct:.0f}%{source}"
+        )
+    console.print(f"  latency before training ({statistic}): " + ", ".join(shown))
 
 
 def untimed_before_training(backend: str, reason: str) -> None:

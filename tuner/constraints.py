@@ -63,7 +63,7 @@ def baseline_of(
 @dataclass(frozen=True)
 class Constraints:
     """`max_accuracy_drop` in accuracy units (0.01 = one point) below the baseline;
-    `latency_budget_ms` on p50."""
+    `latency_budget_ms` on the latency the study ranks by (`deploy.latency.statistic`)."""
 
     max_accuracy_drop: float | None = None
     latency_budget_ms: float | None = None

@@ -191,7 +191,8 @@ def over_budget_reason(
     ):
         return None
     listed = ", ".join(
-        f"{backend} {r.p50_ms:.2f} ms (fastest round {r.fastest_round_ms:.2f})"
+        f"{backend} {r.p50_ms:.2f} ms (fastest round {r.fastest_round_ms:.2f}, "
+        f"fastest call {r.min_ms:.2f})"
         for backend, r in latencies.items()
         if r is not None
     )

@@ -40,6 +40,12 @@ SHAPING = (
 _NOT_SHAPING = frozenset({"data.cache_dir"})
 # Settings added after studies were made: what a study that lacks one was made with.
 _INTRODUCED = {STATISTIC_KEY: DEFAULT_STATISTIC}
+# What the points already made were ranked by: never changed, not even on purpose.
+_FIXED = frozenset({"objectives", STATISTIC_KEY})
+_FIXED_HINT = (
+    "a study keeps the objectives and the latency statistic its points were ranked by; use the "
+    "study's value or start another study.name"
+)
 _ABSENT = "<absent>"
 
 
@@ -72,6 +78,8 @@ def _flatten(prefix: str, value: Any, into: dict[str, Any]) -> None:
 def check_change_keys(keys: Collection[str]) -> None:
     """Each key of `study.change_settings` names a shaping setting or a node above some."""
     for key in keys:
+        if key in _FIXED:
+            raise ConfigError(f"Invalid config: key '{CHANGE_KEY}': {key!r}: {_FIXED_HINT}")
         if not any(covered(key, [shaping]) or covered(shaping, [key]) for shaping in SHAPING):
             raise ConfigError(
                 f"Invalid config: key '{CHANGE_KEY}': {key!r} is not a study setting; the "
@@ -109,6 +117,10 @@ def settle(study: optuna.Study, given: Mapping[str, Any], changes: Collection[st
     stored = stored_settings(study)
     if stored is None:
         if study.get_trials(deepcopy=False):
+            # Its points were made as the settings added since had it then.
+            for key, then in _INTRODUCED.items():
+                if given.get(key, then) != then:
+                    raise contradiction(study.study_name, key, then, given[key], _FIXED_HINT)
             console.console.print(
                 f"Study '{study.study_name}' keeps no settings (made by an older version): "
                 "this command's are stored and hold from now on."
@@ -117,7 +129,15 @@ def settle(study: optuna.Study, given: Mapping[str, Any], changes: Collection[st
         return []
     changed = differences(stored, given)
     for key in changed:
-        if key == "objectives" or not covered(key, changes):
+        if key in _FIXED:
+            raise contradiction(
+                study.study_name,
+                key,
+                stored.get(key, _ABSENT),
+                given.get(key, _ABSENT),
+                _FIXED_HINT,
+            )
+        if not covered(key, changes):
             raise contradiction(
                 study.study_name,
                 key,

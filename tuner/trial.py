@@ -549,7 +549,9 @@ class Objective:
                 record_session(ctx.storage, ctx.study_id, key, timings)
                 table = table.adding(digest_of(key), timings)
         results = _from_table(table, keys)
-        console.latencies_before_training(results, measured=list(measured))
+        console.latencies_before_training(
+            results, measured=list(measured), statistic=ctx.protocol.statistic
+        )
         return results
 
     def _train(

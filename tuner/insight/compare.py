@@ -11,6 +11,7 @@ from rich.table import Table
 from tuner.front import Point
 from tuner.insight.op_classes import OP_CLASSES
 from tuner.insight.roofline import MachinePeak
+from tuner.latency import DEFAULT_STATISTIC
 
 # The table's class rows: the union of each point's top this many classes, so every column
 # shows the classes that matter for either point.
@@ -29,7 +30,7 @@ def breakdown(points: Sequence[Point], peaks: Mapping[str, MachinePeak]) -> Tabl
         for name, _, _ in p.insight.top_classes(TOP_CLASSES) if p.insight else []:
             if name not in classes:
                 classes.append(name)
-    statistic = points[0].latency_statistic if points else ""
+    statistic = points[0].latency_statistic if points else DEFAULT_STATISTIC
     table.add_row(f"latency {statistic}", *(f"{p.latency_ms:.2f} ms" for p in points))
     for name in classes:
         table.add_row(name, *(_class_cell(p, name) for p in points))
