@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shlex
 import statistics
 import subprocess
@@ -306,6 +307,31 @@ def test_retime_front_times_the_front_again_against_the_study_s_table(smoke):
     summaries = [line for line in result.stdout.splitlines() if line.startswith("By ")]
     assert [line.split(":")[0] for line in summaries] == ["By p50", "By fastest call"]
     assert all(f"of {len(front)} within 10%" in line for line in summaries)
+
+
+def test_bench_backends_compares_the_study_s_fastest_close_point_by_its_statistic(smoke):
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "scripts" / "bench_backends.py"),
+            *("--ffn-width", "512", "--backends", "eager", "--seq-len", "32"),
+            *("--train-samples", "64", "--val-samples", "32", "--rounds", "1", "--repeats", "2"),
+            *("--study", STUDY, "--storage", _stores(smoke)[0], "--max-accuracy-drop", "1.0"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr
+    (line,) = [row for row in result.stdout.splitlines() if row.startswith(f"Study {STUDY}:")]
+    # The fastest point within a whole accuracy unit of the best eager model: any point.
+    study = _load_study(smoke)
+    fastest = min(study_points(study), key=lambda p: p.latency_ms)
+    assert f"trial {fastest.trial_number} ({fastest.backend}" in line
+    found = re.search(r" p50 ([\d.]+) ms = ([\d.]+)x faster than .* \(([\d.]+) ms here\)", line)
+    point_ms, speedup, baseline_ms = (float(value) for value in found.groups())
+    assert point_ms == pytest.approx(fastest.latency_ms, abs=0.005)
+    assert speedup == pytest.approx(baseline_ms / point_ms, rel=0.01)
 
 
 def test_report_rules_and_a_study_still_running(smoke):
