@@ -1,116 +1,154 @@
 """Re-time the front of a finished study and compare with its latency table.
 
 A latency is kept once per (architecture, backend, protocol, machine) in the study's latency
-table. This measures every front point's architecture again, now, in a fresh process (an
-untrained model of the same architecture: weights do not change speed), under the study's own
-protocol with its rounds interleaved across the points, and prints how far each moved by both
-choices of `deploy.latency.statistic`: p50 (the median of the rounds' medians) and the fastest
-timed call (the steadier on a shared machine, docs/benchmarks.md "Latency stability"):
+table, and each front latency rests on `deploy.latency.front_sessions` measurement sessions at
+the end of a run. This measures every front point's architecture again, now, in a fresh process
+(an untrained model of the same architecture: weights do not change speed), under the study's own
+protocol: as many sessions as the front's latencies rest on, `--interval` seconds apart, each
+with its rounds interleaved across the points. It prints how far each moved by both choices of
+`deploy.latency.statistic`: p50 (the median of the rounds' medians) and the fastest timed call
+(the steadier on a shared machine, docs/benchmarks.md "Latency stability"), and how far the
+first session alone moved:
 
     python scripts/retime_front.py +experiment=bert_ffn
+    python scripts/retime_front.py --sessions 1 +experiment=bert_ffn
 
 Give the overrides the study was run with (storage, experiment, debug profile); the study is
-read from `study.storage` under its `study.name`.
+read from `study.storage` under its `study.name`. Nothing is written to the study.
 """
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import sys
 import tempfile
+import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import optuna
-import torch
 
 from tuner import console
 from tuner.backends.cpu import isa_flags
-from tuner.config import compose_config, with_params
+from tuner.config import compose_config
 from tuner.data import load_splits
-from tuner.deploy import convert
-from tuner.edits import EDITS, apply_edits
+from tuner.edits import EDITS
 from tuner.front import study_points
 from tuner.latency import LatencyProtocol, LatencyResult, cpu_model, time_rounds
 from tuner.latency_table import LatencyTable
-from tuner.recipe import ModelRecipe
+from tuner.retime import Rebuilder, Target, target_of
 from tuner.retrain import override_keys
-from tuner.study import calibration_inputs, modality_for, prepare
+from tuner.study import calibration_inputs, modality_for, prepare, protocol_record_of
 from tuner.trial import ModelFactory
 
+# A move smaller than this counts as holding still (the goal in docs/benchmarks.md).
+_WITHIN_PCT = 10.0
 
-def main(overrides: list[str]) -> None:
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--sessions",
+        type=int,
+        default=None,
+        help="measurement sessions pooled into each re-time (default: the study's "
+        "deploy.latency.front_sessions)",
+    )
+    parser.add_argument("--interval", type=float, default=60.0, help="seconds between sessions")
+    parser.add_argument("overrides", nargs="*", help="the study's Hydra overrides")
+    args = parser.parse_args(argv)
     console.quiet_libraries()
-    prepared = prepare(compose_config(overrides), {}, override_keys(overrides))
+    prepared = prepare(compose_config(args.overrides), {}, override_keys(args.overrides))
     cfg = prepared.cfg
     study = optuna.load_study(study_name=str(cfg.study.name), storage=str(cfg.study.storage))
     table = LatencyTable.of_attrs(study.user_attrs)
     splits = load_splits(cfg.data)
     modality = modality_for(cfg, prepared.space, splits)
     protocol = LatencyProtocol.from_config(cfg.deploy.latency)
+    sessions = args.sessions or protocol.front_sessions
     example = modality.example(splits.val.items, protocol)
-    calibration = calibration_inputs(
-        modality.encode(splits.train.items, splits.train.labels),
-        int(cfg.deploy.calibration_samples),
+    rebuilder = Rebuilder(
+        cfg,
+        ModelFactory(splits.num_labels, {EDITS.get(n).config_key for n in EDITS}),
+        example,
+        calibration_inputs(
+            modality.encode(splits.train.items, splits.train.labels),
+            int(cfg.deploy.calibration_samples),
+        ),
+        protocol_record_of(cfg, protocol, example),
     )
-    factory = ModelFactory(splits.num_labels, {EDITS.get(n).config_key for n in EDITS})
-    front = [p for p in study_points(study) if p.pareto]
     trials = {t.number: t for t in study.get_trials(deepcopy=False)}
-    loaded, stored = {}, {}
+    targets = [
+        target_of(trials[p.trial_number], p.backend) for p in study_points(study) if p.pareto
+    ]
+    timed: list[dict[str, list[list[float]]]] = []
     with tempfile.TemporaryDirectory(prefix="retime-") as workdir:
-        for point in front:
-            point_cfg = with_params(cfg, point.params)
-            model = factory.build(point_cfg.model, int(cfg.train.seed))
-            apply_edits(model, point_cfg.model)
-            model.eval()
-            name = f"#{point.trial_number} {point.backend}"
-            loaded[name] = convert(
-                point.backend,
-                model,
-                ModelRecipe.of(point_cfg.model, splits.num_labels),
-                example,
-                point_cfg.deploy,
-                Path(workdir) / str(point.trial_number),
-                calibration,
-            ).logits_of
-            stored[name] = table.result(trials[point.trial_number].user_attrs.get("latency_key"))
-        torch.set_num_threads(protocol.num_threads)
-        again = time_rounds(loaded, example, protocol)
+        rebuilt = rebuilder.rebuild(targets, Path(workdir))
+        for session in range(sessions):
+            if session:
+                time.sleep(args.interval)
+            timed.append(time_rounds(rebuilt.loaded, example, protocol))
     print(f"CPU: {cpu_model()}; flags: {isa_flags()}")
     print(
-        f"Study '{study.study_name}': {len(front)} front points, re-timed in {protocol.rounds} "
-        "interleaved rounds\n"
+        f"Study '{study.study_name}': {len(targets)} front points, re-timed in {sessions} "
+        f"session(s) {args.interval:g} s apart, {protocol.rounds} interleaved rounds each\n"
     )
+    _report(targets, rebuilt.skipped, table, timed)
+
+
+def _report(
+    targets: Sequence[Target],
+    skipped: Mapping[str, str],
+    table: LatencyTable,
+    timed: Sequence[Mapping[str, list[list[float]]]],
+) -> None:
     print(
-        "| point | table p50 ms (rounds, spread) | now p50 ms (spread) | moved | "
-        "table fastest ms | now fastest ms | moved |"
+        "| point | table p50 ms (rounds, sessions, spread) | now p50 ms (spread) | moved | "
+        "table fastest ms | now fastest ms | moved | first session alone: p50, fastest |"
     )
-    print("|---|---|---|---|---|---|---|")
-    moves: dict[str, list[float]] = {"p50": [], "fastest call": []}
-    for name, rounds in again.items():
-        now = LatencyResult.of_rounds(rounds)
-        before = stored[name]
-        if before is None:
-            print(
-                f"| {name} | not in the table | {now.p50_ms:.2f} ({now.spread_pct:.0f}%) | - | "
-                f"- | {now.min_ms:.2f} | - |"
-            )
+    print("|---|---|---|---|---|---|---|---|")
+    moves: dict[str, list[float]] = {
+        "p50": [],
+        "fastest call": [],
+        "first session's p50": [],
+        "first session's fastest call": [],
+    }
+    for target in targets:
+        before = table.result(target.digest)
+        if target.label in skipped or before is None:
+            why = skipped.get(target.label, "not in the table")
+            print(f"| {target.label} | {why} | - | - | - | - | - | - |")
             continue
-        moved = 100.0 * (now.p50_ms - before.p50_ms) / before.p50_ms
-        fastest_moved = 100.0 * (now.min_ms - before.min_ms) / before.min_ms
-        moves["p50"].append(abs(moved))
-        moves["fastest call"].append(abs(fastest_moved))
+        now = LatencyResult.of_rounds([r for session in timed for r in session[target.label]])
+        first = LatencyResult.of_rounds(timed[0][target.label])
+        moved = {
+            "p50": _moved(before.p50_ms, now.p50_ms),
+            "fastest call": _moved(before.min_ms, now.min_ms),
+            "first session's p50": _moved(before.p50_ms, first.p50_ms),
+            "first session's fastest call": _moved(before.min_ms, first.min_ms),
+        }
+        for summary, move in moved.items():
+            moves[summary].append(abs(move))
+        p50, fastest, first_p50, first_fastest = moved.values()
         print(
-            f"| {name} | {before.p50_ms:.2f} ({before.rounds}, {before.spread_pct:.0f}%) | "
-            f"{now.p50_ms:.2f} ({now.spread_pct:.0f}%) | {moved:+.1f}% | "
-            f"{before.min_ms:.2f} | {now.min_ms:.2f} | {fastest_moved:+.1f}% |"
+            f"| {target.label} | {before.p50_ms:.2f} ({before.rounds}, "
+            f"{table.session_count(target.digest)}, {before.spread_pct:.0f}%) | "
+            f"{now.p50_ms:.2f} ({now.spread_pct:.0f}%) | {p50:+.1f}% | "
+            f"{before.min_ms:.2f} | {now.min_ms:.2f} | {fastest:+.1f}% | "
+            f"{first_p50:+.1f}%, {first_fastest:+.1f}% |"
         )
     for summary, moved in moves.items():
         if moved:
-            within = sum(move < 10.0 for move in moved)
+            within = sum(move < _WITHIN_PCT for move in moved)
             print(
-                f"\nBy {summary}: {within} of {len(moved)} within 10%; largest move "
+                f"\nBy {summary}: {within} of {len(moved)} within {_WITHIN_PCT:g}%; largest move "
                 f"{max(moved):.1f}%, median {statistics.median(moved):.1f}%"
             )
+
+
+def _moved(before: float, now: float) -> float:
+    return 100.0 * (now - before) / before
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ from conftest import listed_backends, run_cli, runnable_backends
 from mlflow.tracking import MlflowClient
 
 from tuner.backends import BACKENDS as REGISTERED
-from tuner.front import TEACHER_OF_ATTR
+from tuner.front import LATENCY_KEY_ATTR, TEACHER_OF_ATTR, study_points
 
 TrialState = optuna.trial.TrialState
 SMOKE = ("+experiment=bert_ffn", "debug=smoke")
@@ -339,6 +339,50 @@ def test_a_study_ranking_by_the_fastest_call_keeps_it_as_its_objective(tmp_path)
     assert 'created with deploy.latency.statistic="min"' in again.stderr
     assert _study(tmp_path).metric_names == ["val_accuracy", "latency_ms_min"]
     assert len(_study(tmp_path).trials) == len(study.trials)
+
+
+def _session_counts(study: optuna.Study) -> dict[str, int]:
+    """Latency key digest -> its measurement sessions (`latency:<digest>:<session>` attributes)."""
+    digests = [name.split(":")[1] for name in study.user_attrs if name.startswith("latency:")]
+    return {digest: digests.count(digest) for digest in digests}
+
+
+@pytest.mark.slow
+def test_the_front_is_confirmed_only_where_its_keys_can_be_rebuilt_here(tmp_path):
+    backends = "search_space={deploy.backend:'choice(eager,onnxruntime)'}"
+    first = run_cli(
+        tmp_path,
+        *SMOKE,
+        "debug.overrides.study.n_trials=1",
+        backends,
+        "deploy.latency.front_sessions=1",
+    )
+    assert first.returncode == 0, first.stderr
+    # One session per front latency asked for: nothing is timed again.
+    assert "Confirming the front" not in first.stdout
+    assert set(_session_counts(_study(tmp_path)).values()) == {1}
+    made_first = {t.number for t in _study(tmp_path).trials}
+    # The next run exports ONNX at another opset: the first run's keys are not this run's, and
+    # rounds timed here must not be added to them.
+    again = run_cli(
+        tmp_path, *SMOKE, "debug.overrides.study.n_trials=2", backends, "deploy.onnx.opset=16"
+    )
+    assert again.returncode == 0, again.stderr
+    assert "Confirming the front" in again.stdout
+    study = _study(tmp_path)
+    counts = _session_counts(study)
+    front = [p for p in study_points(study) if p.pareto]
+    assert front
+    for point in front:
+        digest = study.trials[point.trial_number].user_attrs[LATENCY_KEY_ATTR]
+        if point.trial_number in made_first:
+            assert counts[digest] == 1
+            assert (
+                f"#{point.trial_number} {point.backend} not timed again (its latency key here "
+                "differs" in again.stdout
+            )
+        else:
+            assert counts[digest] == 2
 
 
 @pytest.mark.slow

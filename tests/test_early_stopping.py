@@ -154,6 +154,10 @@ def test_a_pruned_trial_is_shown_to_samplers_as_the_poor_point_it_stands_for():
         ("study.pruning.margin=-0.1", "'study.pruning.margin': -0.1 must be a number >= 0"),
         ("deploy.latency.rounds=0", "'deploy.latency.rounds': 0 must be an int >= 1"),
         ("deploy.latency.max_rounds=2", "'deploy.latency.max_rounds': 2 must be at least"),
+        (
+            "deploy.latency.front_sessions=0",
+            "'deploy.latency.front_sessions': 0 must be an int >= 1",
+        ),
     ],
 )
 def test_bad_pruning_and_round_settings_are_refused_at_start_up(override, named):

@@ -209,6 +209,11 @@ def test_sessions_of_one_key_pool_their_rounds_in_time_order(tmp_path):
     assert table.rounds[digest_of(key)] == [[4.0, 4.0], [6.0, 6.0], [5.0, 5.0]]
     assert table.result(digest_of(key)).p50_ms == 5.0
     assert table.result(digest_of(other)).p50_ms == 1.0
+    # Two sessions of the key, one of the other; a session added in memory counts as one more.
+    assert [table.session_count(digest_of(k)) for k in (key, other)] == [2, 1]
+    assert table.session_count("unmeasured") == 0
+    grown = table.adding(digest_of(other), [[2.0], [3.0]])
+    assert grown.session_count(digest_of(other)) == 2 and grown.round_count(digest_of(other)) == 3
 
 
 _WRITER = """

@@ -75,6 +75,7 @@ def smoke(tmp_path_factory):
     path = tmp_path_factory.mktemp("study")
     result = run_cli(path, *SMOKE)
     assert result.returncode == 0, result.stderr
+    (path / "stdout.txt").write_text(result.stdout)
     return path
 
 
@@ -94,11 +95,16 @@ def test_parent_run_holds_the_front_hypervolume_and_protocol(smoke):
     points = study_points(study)
     history = client.get_metric_history(parent.info.run_id, "hypervolume")
     # One value after each of the 2 trained configurations, stepped by their count (not by the
-    # points, one per backend); without constraints no point drops out, so it cannot fall.
-    assert [m.step for m in history] == [1, 2]
+    # points, one per backend), and one more at the last step where the end of the run timed
+    # the front again; without constraints no point drops out, so it cannot fall.
+    history = sorted(history, key=lambda m: (m.step, m.timestamp))
+    confirmed = "Confirming the front" in (smoke / "stdout.txt").read_text()
+    assert [m.step for m in history] == ([1, 2, 2] if confirmed else [1, 2])
     assert history[0].value <= history[1].value
     seconds = client.get_metric_history(parent.info.run_id, "search_seconds")
-    assert [m.step for m in seconds] == [1, 2] and 0 < seconds[0].value < seconds[1].value
+    seconds = sorted(seconds, key=lambda m: (m.step, m.timestamp))
+    assert [m.step for m in seconds] == [m.step for m in history]
+    assert 0 < seconds[0].value < seconds[1].value <= seconds[-1].value
     reference = study.user_attrs["hypervolume_reference"]
     # Fixed after the first trial: twice the slowest point of the first trained model.
     first = [p.latency_ms for p in points if p.trained_in_trial == 0]
@@ -241,8 +247,10 @@ def test_every_point_records_where_its_time_goes_and_its_roofline(smoke):
             assert "train_gpu_peak_mb" not in metrics
         # What the trial keeps is what its run logged.
         assert sum(insight.profile_ms.values()) == pytest.approx(metrics["profile.total_ms"])
-        # Achieved throughput: the FLOPs per call over the latency the point was logged with.
-        seconds = metrics["latency_ms_p50"] / 1000
+        # Achieved throughput: the FLOPs per call over the latency the point was made with
+        # (the first of its history: the end of the run may revise the latency since).
+        history = client.get_metric_history(point.mlflow_run_id, "latency_ms_p50")
+        seconds = min(history, key=lambda m: (m.step, m.timestamp)).value / 1000
         assert metrics["achieved_gflops"] == pytest.approx(metrics["gflops_per_call"] / seconds)
         assert 0 < metrics["roofline_fraction"] <= 1.5
     # FLOPs are the architecture's: the same on every backend of one trained model, and
@@ -275,9 +283,62 @@ def test_the_report_shows_where_the_time_goes_and_profiles_a_point_on_demand(smo
     assert "Recommended" not in missing.stdout
 
 
+def _sessions(study: optuna.Study) -> dict[str, list[list[list[float]]]]:
+    """Latency key digest -> its measurement sessions' rounds in time order, read straight
+    from the study's user attributes (`latency:<digest>:<session>`)."""
+    found: dict[str, list[tuple[str, list[list[float]]]]] = {}
+    for name, session in study.user_attrs.items():
+        if name.startswith("latency:"):
+            found.setdefault(name.split(":")[1], []).append((session["at"], session["rounds"]))
+    return {digest: [rounds for _, rounds in sorted(s)] for digest, s in found.items()}
+
+
+def test_front_latencies_rest_on_two_sessions_and_every_run_shows_its_table_latency(smoke):
+    study = _load_study(smoke)
+    sessions = _sessions(study)
+    trials = {t.number: t for t in study.trials}
+    front = [p for p in study_points(study) if p.pareto]
+    keyed = [p for p in front if trials[p.trial_number].user_attrs.get(LATENCY_KEY_ATTR)]
+    assert keyed
+    # deploy.latency.front_sessions defaults to 2: the end of the run timed each front key again.
+    for point in keyed:
+        assert len(sessions[trials[point.trial_number].user_attrs[LATENCY_KEY_ATTR]]) >= 2
+
+    def p50_of(trial):
+        rounds = [r for s in sessions[trial.user_attrs[LATENCY_KEY_ATTR]] for r in s]
+        return statistics.median(statistics.median(r) for r in rounds), len(rounds)
+
+    client, _, parents, children = _runs(smoke)
+    revised = 0
+    for run in children:
+        trial = trials[int(run.data.tags["optuna.trial_number"])]
+        if trial.state != optuna.trial.TrialState.COMPLETE:
+            continue
+        p50, rounds = p50_of(trial)
+        # The run shows its key's latency over every session, worked out here from the rounds.
+        assert run.data.metrics["latency_ms_p50"] == pytest.approx(p50, abs=1e-3)
+        assert run.data.metrics["latency_rounds"] == rounds
+        history = client.get_metric_history(run.info.run_id, "latency_ms_p50")
+        # Its first value is what the point was made with: its Optuna objective.
+        first = min(history, key=lambda m: (m.step, m.timestamp))
+        assert first.value == pytest.approx(trial.values[1])
+        revised += len(history) > 1
+    assert revised >= len(keyed)
+    front_csv = client.download_artifacts(parents[-1].info.run_id, "pareto/front.csv", str(smoke))
+    table = pd.read_csv(front_csv)
+    for point in keyed:
+        (row,) = table[table["trial"] == point.trial_number]["latency_ms_p50"]
+        assert row == pytest.approx(p50_of(trials[point.trial_number])[0], abs=1e-3)
+
+
 def test_retime_front_times_the_front_again_against_the_study_s_table(smoke):
     result = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "retime_front.py"), *SMOKE],
+        [
+            sys.executable,
+            str(REPO / "scripts" / "retime_front.py"),
+            *("--sessions", "2", "--interval", "1"),
+            *SMOKE,
+        ],
         cwd=smoke,
         capture_output=True,
         text=True,
@@ -299,14 +360,24 @@ def test_retime_front_times_the_front_again_against_the_study_s_table(smoke):
         # the fastest call; each move is the fresh figure's against it.
         p50 = statistics.median(statistics.median(r) for r in rounds)
         fastest = min(min(r) for r in rounds)
-        assert row[1].startswith(f"{p50:.2f} ({len(rounds)}, ")
+        digest = study.trials[point.trial_number].user_attrs[LATENCY_KEY_ATTR]
+        assert row[1].startswith(f"{p50:.2f} ({len(rounds)}, {len(_sessions(study)[digest])}, ")
         assert row[4] == f"{fastest:.2f}"
         for before, now, moved in ((p50, row[2].split()[0], row[3]), (fastest, row[5], row[6])):
             expected = 100 * (float(now) - before) / before
             assert float(moved.rstrip("%")) == pytest.approx(expected, abs=1.0)
+        # The first session alone is part of the two: its fastest call is no faster.
+        first_fastest = float(row[7].split(",")[1].strip().rstrip("%"))
+        assert first_fastest >= float(row[6].rstrip("%")) - 0.05
     summaries = [line for line in result.stdout.splitlines() if line.startswith("By ")]
-    assert [line.split(":")[0] for line in summaries] == ["By p50", "By fastest call"]
+    assert [line.split(":")[0] for line in summaries] == [
+        "By p50",
+        "By fastest call",
+        "By first session's p50",
+        "By first session's fastest call",
+    ]
     assert all(f"of {len(front)} within 10%" in line for line in summaries)
+    assert "re-timed in 2 session(s) 1 s apart" in result.stdout
 
 
 def test_bench_backends_compares_the_study_s_fastest_close_point_by_its_statistic(smoke):

@@ -135,6 +135,7 @@ VALUE_RULES: dict[str, Rule] = {
     "deploy.latency.repeats": POSITIVE_INT,
     "deploy.latency.rounds": POSITIVE_INT,
     "deploy.latency.max_rounds": POSITIVE_INT,
+    "deploy.latency.front_sessions": POSITIVE_INT,
     "study.pruning.enabled": BOOLEAN,
     "study.pruning.min_epochs": POSITIVE_INT,
     "study.pruning.margin": NON_NEGATIVE,

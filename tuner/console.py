@@ -10,7 +10,7 @@ import sys
 import time
 import traceback
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +32,7 @@ from tuner.front import Failures, Point
 if TYPE_CHECKING:
     from tuner.deploy import BackendResult
     from tuner.latency import LatencyResult
+    from tuner.retime import Confirmation
 
 # Logs and pipes get a wide page, so the front table stays readable there too.
 console = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 160)
@@ -120,6 +121,31 @@ def interleaved_timing_failed(reason: str) -> None:
     console.print(
         f"  [yellow]timing the backends in turn failed ({reason}); each is timed on its own[/]"
     )
+
+
+def confirming_front(keys: int, sessions: int) -> None:
+    console.print(
+        f"Confirming the front: {keys} latenc{'y' if keys == 1 else 'ies'} on it rest on fewer "
+        f"than {sessions} measurement sessions (deploy.latency.front_sessions); timing "
+        f"{'it' if keys == 1 else 'them'} again, interleaved"
+    )
+
+
+def confirmed(confirmations: Sequence[Confirmation], statistic: str) -> None:
+    """One line per key timed again: its latency before, this session's, and the two pooled."""
+    for done in confirmations:
+        before, session, after = (
+            r.ranked_ms(statistic) for r in (done.before, done.session, done.after)
+        )
+        console.print(
+            f"  {done.label:<32} {statistic} {before:.2f} ms, this session {session:.2f} ms "
+            f"({100 * (session - before) / before:+.1f}%) -> {after:.2f} ms "
+            f"({done.after.rounds} rounds)"
+        )
+
+
+def not_confirmed(label: str, reason: str) -> None:
+    console.print(f"  [yellow]{label} not timed again ({reason}); it keeps its latency[/]")
 
 
 def trial_pruned(trial_number: int, reason: str) -> None:

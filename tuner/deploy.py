@@ -21,13 +21,7 @@ from tuner.backends import BACKENDS, Backend, ConversionContext, ExampleInputs, 
 from tuner.data.batches import Encoded
 from tuner.insight.graph import GraphDump
 from tuner.insight.profile import OpProfile
-from tuner.latency import (
-    LATENCY_STATISTICS,
-    LatencyProtocol,
-    LatencyResult,
-    measure_latency,
-    objective_name,
-)
+from tuner.latency import LatencyProtocol, LatencyResult, measure_latency
 from tuner.memory import track_peak_memory
 from tuner.recipe import ModelRecipe
 from tuner.training import accuracy, collect_logits
@@ -91,11 +85,7 @@ class BackendResult:
         assert self.latency is not None
         return {
             "val_accuracy": self.val_accuracy,
-            # Under every statistic a study may rank by, its objective's name among them.
-            **{objective_name(name): self.latency.ranked_ms(name) for name in LATENCY_STATISTICS},
-            "latency_ms_p95": self.latency.p95_ms,
-            "latency_rounds": float(self.latency.rounds),
-            "latency_spread_pct": self.latency.spread_pct,
+            **self.latency.metrics(),
             "model_size_mb": self.model_size_mb,
             "agreement_with_eager": self.agreement,
             "max_logit_diff": self.max_logit_diff,

@@ -48,6 +48,9 @@ class LatencyProtocol:
             architecture adds one round (on its deployed artifact) until there are this many.
         statistic: how a measurement's timed calls are summarised into the latency the study
             ranks by (`LATENCY_STATISTICS`), its objective `objective_name(statistic)`.
+        front_sessions: measurement sessions each latency on the study's front rests on at the
+            end of a run: front keys with fewer are timed again then (`tuner.retime`), so no
+            front latency is one stretch of a shared machine's load.
     """
 
     batch_size: int
@@ -58,6 +61,7 @@ class LatencyProtocol:
     rounds: int = 1
     max_rounds: int = 1
     statistic: str = DEFAULT_STATISTIC
+    front_sessions: int = 1
 
     @classmethod
     def from_config(cls, latency_cfg: DictConfig) -> LatencyProtocol:
@@ -134,6 +138,16 @@ class LatencyResult:
     def ranked_ms(self, statistic: str) -> float:
         """The latency a study with this `statistic` ranks by."""
         return LATENCY_STATISTICS.get(statistic)(self)
+
+    def metrics(self) -> dict[str, float]:
+        """What a point logs of its latency: under every statistic a study may rank by (its
+        objective's name among them), p95, and how many rounds it rests on and their spread."""
+        return {
+            **{objective_name(name): self.ranked_ms(name) for name in LATENCY_STATISTICS},
+            "latency_ms_p95": self.p95_ms,
+            "latency_rounds": float(self.rounds),
+            "latency_spread_pct": self.spread_pct,
+        }
 
 
 # How a measurement is summarised into the one latency a study ranks its points by. p50 is the

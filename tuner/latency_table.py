@@ -45,9 +45,11 @@ _TRAINING_ONLY = frozenset({"random_init", "dropout", "drop_rate"})
 # settings of onnxruntime_mixed, whose latency the table never keeps (its graph follows the
 # trained weights).
 _NOT_IN_DEPLOY_KEY = frozenset({"backend", "device", "latency", "mixed"})
-# How far a measurement may grow is no part of what it measures: raising it extends the table;
-# nor is how its calls are summarised (the rounds are kept whole).
-_NOT_IN_PROTOCOL_KEY = frozenset({"latency.max_rounds", "latency.statistic"})
+# How far a measurement may grow (in rounds, in sessions) is no part of what it measures:
+# raising it extends the table; nor is how its calls are summarised (the rounds are kept whole).
+_NOT_IN_PROTOCOL_KEY = frozenset(
+    {"latency.max_rounds", "latency.front_sessions", "latency.statistic"}
+)
 
 
 def structure_of(model: nn.Module) -> list[list[Any]]:
@@ -103,6 +105,8 @@ class LatencyTable:
 
     rounds: dict[str, list[list[float]]] = field(default_factory=dict)
     statistic: str = DEFAULT_STATISTIC
+    # Digest -> how many measurement sessions its rounds come from.
+    sessions: dict[str, int] = field(default_factory=dict)
 
     @classmethod
     def of_attrs(cls, user_attrs: Mapping[str, Any]) -> LatencyTable:
@@ -121,6 +125,7 @@ class LatencyTable:
                 for digest, found in sessions.items()
             },
             str(settings.get(STATISTIC_KEY, DEFAULT_STATISTIC)),
+            {digest: len(found) for digest, found in sessions.items()},
         )
 
     @classmethod
@@ -133,13 +138,20 @@ class LatencyTable:
         return LatencyResult.of_rounds(rounds) if rounds else None
 
     def adding(self, digest: str, rounds: Sequence[Sequence[float]]) -> LatencyTable:
-        """This table with `rounds` of `digest` added, as it reads once they are recorded (no
-        second read of the storage)."""
+        """This table with a session of `rounds` of `digest` added, as it reads once it is
+        recorded (no second read of the storage)."""
         added = [list(r) for r in rounds]
-        return replace(self, rounds={**self.rounds, digest: [*self.rounds.get(digest, []), *added]})
+        return replace(
+            self,
+            rounds={**self.rounds, digest: [*self.rounds.get(digest, []), *added]},
+            sessions={**self.sessions, digest: self.session_count(digest) + 1},
+        )
 
     def round_count(self, digest: str) -> int:
         return len(self.rounds.get(digest, []))
+
+    def session_count(self, digest: str) -> int:
+        return self.sessions.get(digest, 0)
 
 
 def record_session(

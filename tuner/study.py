@@ -21,7 +21,7 @@ from optuna.distributions import CategoricalDistribution, check_distribution_com
 from optuna.trial import TrialState
 
 from tuner import budget, console
-from tuner.backends import BACKENDS, unavailable_backends
+from tuner.backends import BACKENDS, ExampleInputs, unavailable_backends
 from tuner.backends.cpu import unknown_cpu_notice
 from tuner.checks import candidate_values, check_config, defined_in
 from tuner.config import (
@@ -39,7 +39,13 @@ from tuner.devices import resolve_device
 from tuner.early_stopping import PruningSettings, sampler_view
 from tuner.edits import EDITS, SAME_EDIT
 from tuner.errors import ConfigError
-from tuner.front import Point, failures_of, front_note, points_of
+from tuner.front import (
+    LATENCY_KEY_ATTR,
+    Point,
+    failures_of,
+    front_note,
+    points_of,
+)
 from tuner.insight.measure import study_peak
 from tuner.insight.roofline import MachinePeak
 from tuner.latency import LatencyProtocol, gpu_record, objective_name
@@ -53,7 +59,14 @@ from tuner.optuna_compat import (
     storage_of,
     trial_id_of,
 )
-from tuner.recovery import StaleTrials, deferred, interruptible, raise_if_interrupted
+from tuner.recovery import (
+    StaleTrials,
+    deferred,
+    immediate,
+    interruptible,
+    raise_if_interrupted,
+)
+from tuner.retime import Rebuilder, confirm_front
 from tuner.retrain import override_keys
 from tuner.samplers import SAMPLERS
 from tuner.settings import DIRECTIONS, check_change_keys, settings_of, settle
@@ -260,11 +273,7 @@ def run_study(
             str(cfg.tracking.uri), tracker.experiment_id, None, objective_name(protocol.statistic)
         )
         return points
-    protocol_record = {
-        **protocol.record(prefix="latency."),
-        **gpu_record(str(cfg.deploy.device), prefix="latency."),
-        "latency.input_shape": example.shape(),
-    }
+    protocol_record = protocol_record_of(cfg, protocol, example)
     peak = machine_peak(study, protocol_record, protocol.num_threads)
     parent_id = tracker.start_parent(
         study.study_name,
@@ -362,6 +371,14 @@ def run_study(
                 _run_to_budget(
                     study, objective, publish, n_trials, int(cfg.study.heartbeat.interval)
                 )
+                with immediate():
+                    rebuilder = Rebuilder(
+                        cfg, factory, example, context.calibration, protocol_record
+                    )
+                    confirmations = confirm_front(study, study_id, rebuilder, protocol, constraints)
+                if confirmations:
+                    record_front(study)
+                _revise_point_latencies(tracker, study)
         except KeyboardInterrupt:
             tracker.kill(parent_id)
             raise
@@ -374,6 +391,18 @@ def run_study(
         str(cfg.tracking.uri), tracker.experiment_id, parent_id, objective_name(protocol.statistic)
     )
     return points
+
+
+def protocol_record_of(
+    cfg: DictConfig, protocol: LatencyProtocol, example: ExampleInputs
+) -> dict[str, Any]:
+    """The latency protocol, the machine (and GPU) it runs on and the timed input's shape, as
+    logged on every run and made part of every latency key."""
+    return {
+        **protocol.record(prefix="latency."),
+        **gpu_record(str(cfg.deploy.device), prefix="latency."),
+        "latency.input_shape": example.shape(),
+    }
 
 
 def _claimed_trial_runner(
@@ -407,6 +436,19 @@ def _claimed_trial_runner(
         raise_if_interrupted()
 
     return run
+
+
+def _revise_point_latencies(tracker: Tracker, study: optuna.Study) -> None:
+    """Bring every point's MLflow latency metrics to its key's latency as the table now holds
+    it (with the rounds later trials and the front's confirmation added)."""
+    table = LatencyTable.of_attrs(study.user_attrs)
+    latencies = {
+        trial.number: latency
+        for trial in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+        for latency in [table.result(trial.user_attrs.get(LATENCY_KEY_ATTR))]
+        if latency is not None
+    }
+    tracker.revise_latencies(study.study_name, latencies)
 
 
 def _settle_settings(study: optuna.Study, cfg: DictConfig) -> None:

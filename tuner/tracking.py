@@ -24,6 +24,7 @@ from tuner.front_plots import plot_front_html, plot_front_png
 from tuner.insight.graph import GraphDump
 from tuner.insight.plots import plot_profile_html, plot_profile_png, profiled_front
 from tuner.insight.profile import OpProfile
+from tuner.latency import LatencyResult
 from tuner.retries import RetryingProxy
 from tuner.training import EpochResult
 
@@ -143,6 +144,20 @@ class Tracker:
         timestamp = mlflow.utils.time.get_current_time_millis()
         batch = [Metric(key, float(value), timestamp, step) for key, value in metrics.items()]
         self.client.log_batch(run_id, metrics=batch)
+
+    def revise_latencies(self, study_name: str, latencies: Mapping[int, LatencyResult]) -> None:
+        """Give each point run of the study whose latency metrics rest on fewer rounds than
+        its latency now does (trial number -> latency) the newer values, at the step of their
+        latest: MLflow shows them, and the metric history keeps what the point was made with."""
+        for run in self._study_runs(study_name):
+            number = run.data.tags.get("optuna.trial_number")
+            latency = None if number is None else latencies.get(int(number))
+            logged = run.data.metrics.get("latency_rounds")
+            if latency is None or logged is None or logged == latency.rounds:
+                continue
+            history = self.client.get_metric_history(run.info.run_id, "latency_rounds")
+            step = max(m.step for m in history)
+            self.log_metrics(run.info.run_id, latency.metrics(), step=step)
 
     def set_tags(self, run_id: str, tags: Mapping[str, str]) -> None:
         self.client.log_batch(run_id, tags=[RunTag(key, value) for key, value in tags.items()])

@@ -1,0 +1,214 @@
+"""Timing a study's points again, later: weights do not change speed, so a point's architecture
+is rebuilt untrained and converted to its backend, and its latency key checked against the one
+the point was measured under.
+
+`confirm_front` gives each latency on the study's front the measurement sessions
+`deploy.latency.front_sessions` asks for at the end of a run, so that no front latency is one
+stretch of a shared machine's load: a slow spell that lasts through one session is outweighed by
+another session at another time (docs/benchmarks.md, "Confirming the front"). The same rebuilding
+serves `scripts/retime_front.py`.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import optuna
+import torch
+from omegaconf import DictConfig
+
+from tuner import console
+from tuner.backends import ExampleInputs
+from tuner.config import with_params
+from tuner.constraints import Constraints
+from tuner.deploy import convert
+from tuner.front import LATENCY_KEY_ATTR, points_of
+from tuner.latency import LatencyProtocol, LatencyResult, time_rounds
+from tuner.latency_table import (
+    LatencyTable,
+    digest_of,
+    latency_key,
+    record_session,
+    structure_of,
+)
+from tuner.optuna_compat import storage_of
+from tuner.recipe import ModelRecipe
+from tuner.trial import SHARED_DIR, ModelFactory, untrained_model
+
+
+@dataclass(frozen=True)
+class Target:
+    """One point to time again: its label (`#7 onnxruntime_int8`), the trial params that built
+    it, its backend, and the digest of its latency key (None: it has none)."""
+
+    label: str
+    params: Mapping[str, Any]
+    backend: str
+    digest: str | None
+
+
+@dataclass(frozen=True)
+class Rebuilt:
+    """The targets ready to time (label -> the artifact's call), the latency key each was
+    rebuilt under, and why the others could not be (label -> reason)."""
+
+    loaded: dict[str, Callable[..., Any]]
+    keys: dict[str, dict[str, Any]]
+    skipped: dict[str, str]
+
+
+@dataclass(frozen=True)
+class Rebuilder:
+    """What rebuilding a study's points needs: its composed config, the model factory, the
+    timed input and calibration batches, and the protocol record latency keys are made with."""
+
+    cfg: DictConfig
+    factory: ModelFactory
+    example: ExampleInputs
+    calibration: Sequence[tuple[torch.Tensor, ...]]
+    protocol_record: Mapping[str, Any]
+
+    def rebuild(self, targets: Sequence[Target], workdir: Path) -> Rebuilt:
+        """Each target's untrained architecture converted to its backend. A target whose
+        rebuilt key is not the one it was measured under (another machine, other settings) or
+        that fails to convert is skipped with the reason: its rounds would belong elsewhere."""
+        loaded, keys, skipped = {}, {}, {}
+        # Building and converting must not move the random stream of whatever runs next.
+        with torch.random.fork_rng():
+            for index, target in enumerate(targets):
+                cfg = with_params(self.cfg, target.params)
+                seed = int(cfg.train.seed)
+                model = untrained_model(
+                    cfg, lambda cfg=cfg, seed=seed: self.factory.build(cfg.model, seed)
+                )
+                model.eval()
+                key = latency_key(
+                    cfg.model, structure_of(model), target.backend, cfg.deploy, self.protocol_record
+                )
+                if target.digest is not None and digest_of(key) != target.digest:
+                    skipped[target.label] = (
+                        "its latency key here differs from the one it was measured under "
+                        "(another machine, library version or deploy setting)"
+                    )
+                    continue
+                try:
+                    loaded[target.label] = convert(
+                        target.backend,
+                        model,
+                        ModelRecipe.of(cfg.model, self.factory.num_labels),
+                        self.example,
+                        cfg.deploy,
+                        workdir / str(index) / target.backend,
+                        self.calibration,
+                        shared=workdir / str(index) / SHARED_DIR,
+                    ).logits_of
+                except Exception as exc:
+                    skipped[target.label] = f"{type(exc).__name__}: {exc}"
+                    continue
+                keys[target.label] = key
+        return Rebuilt(loaded, keys, skipped)
+
+
+def target_of(trial: optuna.trial.FrozenTrial, backend: str) -> Target:
+    """A point of `trial` on `backend`, built from the trial's params (the teacher reference
+    a teacher's points show beside them is no config key)."""
+    return Target(
+        f"#{trial.number} {backend}",
+        dict(trial.params),
+        backend,
+        trial.user_attrs.get(LATENCY_KEY_ATTR),
+    )
+
+
+@dataclass(frozen=True)
+class Confirmation:
+    """A latency key timed again by `confirm_front`: its latency before and after the session
+    was added (by the study's statistic), and the session alone."""
+
+    label: str
+    digest: str
+    before: LatencyResult
+    session: LatencyResult
+    after: LatencyResult
+
+
+def confirm_front(
+    study: optuna.Study,
+    study_id: int,
+    rebuilder: Rebuilder,
+    protocol: LatencyProtocol,
+    constraints: Constraints,
+) -> list[Confirmation]:
+    """Time each front latency key that rests on fewer than `protocol.front_sessions` sessions
+    again, its architectures interleaved, and add the sessions to the study's table; the front
+    is drawn again after each pass (a latency that rose can let another point onto it) until
+    every front key has its sessions or could not be timed here (said, and left as it was)."""
+    storage = storage_of(study)
+    confirmed: list[Confirmation] = []
+    given_up: set[str] = set()
+    while True:
+        trials = study.get_trials(deepcopy=False)
+        table = LatencyTable.of_study(storage, study_id)
+        due = _due(trials, table, constraints, protocol.front_sessions, given_up)
+        if not due:
+            return confirmed
+        console.confirming_front(len(due), protocol.front_sessions)
+        measured: dict[str, list[list[float]]] = {}
+        with tempfile.TemporaryDirectory(prefix="tuner-confirm-") as workdir:
+            rebuilt = rebuilder.rebuild(due, Path(workdir))
+            skipped = dict(rebuilt.skipped)
+            try:
+                if rebuilt.loaded:
+                    measured = time_rounds(rebuilt.loaded, rebuilder.example, protocol)
+            except Exception as exc:  # the front keeps the latencies it has
+                skipped.update(
+                    dict.fromkeys(rebuilt.loaded, f"timing failed: {type(exc).__name__}: {exc}")
+                )
+        this_pass = []
+        for target in due:
+            assert target.digest is not None
+            if target.label not in measured:
+                given_up.add(target.digest)
+                console.not_confirmed(target.label, skipped[target.label])
+                continue
+            rounds = measured[target.label]
+            record_session(storage, study_id, rebuilt.keys[target.label], rounds)
+            before = table.result(target.digest)
+            assert before is not None
+            after = table.adding(target.digest, rounds).result(target.digest)
+            assert after is not None
+            this_pass.append(
+                Confirmation(
+                    target.label, target.digest, before, LatencyResult.of_rounds(rounds), after
+                )
+            )
+        console.confirmed(this_pass, table.statistic)
+        confirmed += this_pass
+
+
+def _due(
+    trials: Sequence[optuna.trial.FrozenTrial],
+    table: LatencyTable,
+    constraints: Constraints,
+    sessions: int,
+    given_up: set[str],
+) -> list[Target]:
+    """One target per front latency key with fewer than `sessions` sessions."""
+    points = points_of(trials, constraints, table)
+    by_number = {t.number: t for t in trials}
+    due: dict[str, Target] = {}
+    for point in points:
+        target = target_of(by_number[point.trial_number], point.backend)
+        if (
+            point.pareto
+            and target.digest
+            and target.digest not in due
+            and target.digest not in given_up
+            and 0 < table.session_count(target.digest) < sessions
+        ):
+            due[target.digest] = target
+    return list(due.values())
