@@ -58,6 +58,8 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--interval", type=float, default=60.0, help="seconds between sessions")
     parser.add_argument("overrides", nargs="*", help="the study's Hydra overrides")
     args = parser.parse_args(argv)
+    if args.sessions is not None and args.sessions < 1:
+        parser.error(f"--sessions {args.sessions}: at least 1 session")
     console.quiet_libraries()
     prepared = prepare(compose_config(args.overrides), {}, override_keys(args.overrides))
     cfg = prepared.cfg
@@ -66,7 +68,7 @@ def main(argv: list[str]) -> None:
     splits = load_splits(cfg.data)
     modality = modality_for(cfg, prepared.space, splits)
     protocol = LatencyProtocol.from_config(cfg.deploy.latency)
-    sessions = args.sessions or protocol.front_sessions
+    sessions = protocol.front_sessions if args.sessions is None else args.sessions
     example = modality.example(splits.val.items, protocol)
     rebuilder = Rebuilder(
         cfg,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import statistics
 import subprocess
 import sys
 import textwrap
@@ -47,6 +48,12 @@ def _study(tmp_path, name="bert_ffn-smoke") -> optuna.Study:
     return optuna.load_study(study_name=name, storage=f"sqlite:///{tmp_path}/optuna.db")
 
 
+def _first(client: MlflowClient, run, metric: str) -> float:
+    """The first value a run logged of `metric`."""
+    history = client.get_metric_history(run.info.run_id, metric)
+    return min(history, key=lambda m: (m.step, m.timestamp)).value
+
+
 def _mlflow(tmp_path, name="bert_ffn-smoke"):
     client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
     experiment = client.get_experiment_by_name(name)
@@ -57,8 +64,31 @@ def _mlflow(tmp_path, name="bert_ffn-smoke"):
 
 
 def _assert_pareto_tags_match_the_study(tmp_path, children):
-    # Optuna's own front of the study is the oracle.
-    best = {t.number for t in _study(tmp_path).best_trials}
+    # The front worked out here: each point at its key's latency over every session the study's
+    # table holds (the median of the rounds' medians, read straight from the study's
+    # attributes), dominance checked pair by pair.
+    study = _study(tmp_path)
+    rounds: dict[str, list[list[float]]] = {}
+    for name, session in study.user_attrs.items():
+        if name.startswith("latency:"):
+            rounds.setdefault(name.split(":")[1], []).extend(session["rounds"])
+    points = {}
+    for trial in study.get_trials(states=(TrialState.COMPLETE,)):
+        key = trial.user_attrs.get(LATENCY_KEY_ATTR)
+        latency = (
+            statistics.median(statistics.median(r) for r in rounds[key]) if key else trial.values[1]
+        )
+        points[trial.number] = (trial.values[0], latency)
+    best = {
+        number
+        for number, (accuracy, latency) in points.items()
+        if not any(
+            other_accuracy >= accuracy
+            and other_latency <= latency
+            and (other_accuracy, other_latency) != (accuracy, latency)
+            for other_accuracy, other_latency in points.values()
+        )
+    }
     assert best
     for run in children:
         on_front = int(run.data.tags["optuna.trial_number"]) in best
@@ -165,7 +195,9 @@ def test_smoke_study_end_to_end_and_resume(tmp_path):
         for metric in (*METRICS, "agreement_with_eager", "max_logit_diff", "convert_seconds"):
             assert metric in run.data.metrics
         assert run.data.metrics["val_accuracy"] == pytest.approx(trial.values[0])
-        assert run.data.metrics["latency_ms_p50"] == pytest.approx(trial.values[1])
+        # Optuna keeps the latency the point was made with: the first of the run's history
+        # (the end of the run brings the run's latest to the study's latency table).
+        assert _first(client, run, "latency_ms_p50") == pytest.approx(trial.values[1])
         # What ships, as a graph, where the artifact is one; elsewhere why there is none.
         if REGISTERED.get(tags["deploy.backend"]).graph is not None:
             assert run.data.metrics["layout_ops"] > 0
@@ -320,9 +352,10 @@ def test_a_study_ranking_by_the_fastest_call_keeps_it_as_its_objective(tmp_path)
     assert len(children) == len(complete) == 2  # one trained model, on two backends
     for run in children:
         metrics = run.data.metrics
-        # Optuna's objective is the point's fastest call, never slower than its median.
+        # Optuna's objective is the point's fastest call as the point was made, never slower
+        # than its median.
         objective = complete[int(run.data.tags["optuna.trial_number"])].values[1]
-        assert metrics["latency_ms_min"] == pytest.approx(objective)
+        assert _first(client, run, "latency_ms_min") == pytest.approx(objective)
         assert metrics["latency_ms_min"] <= metrics["latency_ms_p50"]
     front_csv = client.download_artifacts(parents[0].info.run_id, "pareto/front.csv", str(tmp_path))
     assert open(front_csv).readline().split(",")[:5] == [
@@ -379,7 +412,7 @@ def test_the_front_is_confirmed_only_where_its_keys_can_be_rebuilt_here(tmp_path
             assert counts[digest] == 1
             assert (
                 f"#{point.trial_number} {point.backend} not timed again (its latency key here "
-                "differs" in again.stdout
+                "differs from the one it was measured under" in again.stdout
             )
         else:
             assert counts[digest] == 2

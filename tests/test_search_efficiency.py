@@ -155,6 +155,8 @@ def test_a_backend_that_cannot_be_timed_fails_its_point_alone(study_dir, monkeyp
         "search_space={train.lr:'choice(0.003,1e-9)',"
         "deploy.backend:'choice(eager,test_untimeable)'}",
         "study.n_trials=1",
+        # The trial's own measurement is what is looked at: no second session at the end.
+        "deploy.latency.front_sessions=1",
     ]
     run_study(compose_config(args), overrides=args)
     study = optuna.load_study(study_name=STUDY, storage=f"sqlite:///{study_dir}/optuna.db")

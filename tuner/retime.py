@@ -91,8 +91,8 @@ class Rebuilder:
                 )
                 if target.digest is not None and digest_of(key) != target.digest:
                     skipped[target.label] = (
-                        "its latency key here differs from the one it was measured under "
-                        "(another machine, library version or deploy setting)"
+                        "its latency key here differs from the one it was measured under: "
+                        "another machine, library version, deploy setting or architecture"
                     )
                     continue
                 try:
