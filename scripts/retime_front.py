@@ -4,11 +4,11 @@ A latency is kept once per (architecture, backend, protocol, machine) in the stu
 table, and each front latency rests on `deploy.latency.front_sessions` measurement sessions at
 the end of a run. This measures every front point's architecture again, now, in a fresh process
 (an untrained model of the same architecture: weights do not change speed), under the study's own
-protocol: as many sessions as the front's latencies rest on, `--interval` seconds apart, each
-with its rounds interleaved across the points. It prints how far each moved by both choices of
-`deploy.latency.statistic`: p50 (the median of the rounds' medians) and the fastest timed call
-(the steadier on a shared machine, docs/benchmarks.md "Latency stability"), and how far the
-first session alone moved:
+protocol: `--sessions` sessions (default: `deploy.latency.front_sessions` as this command
+composes it), `--interval` seconds apart, each with its rounds interleaved across the points.
+It prints how far each moved by both choices of `deploy.latency.statistic`: p50 (the median of
+the rounds' medians) and the fastest timed call (the steadier on a shared machine,
+docs/benchmarks.md "Latency stability"), and how far the first session alone moved:
 
     python scripts/retime_front.py +experiment=bert_ffn
     python scripts/retime_front.py --sessions 1 +experiment=bert_ffn
@@ -52,7 +52,7 @@ def main(argv: list[str]) -> None:
         "--sessions",
         type=int,
         default=None,
-        help="measurement sessions pooled into each re-time (default: the study's "
+        help="measurement sessions pooled into each re-time (default: "
         "deploy.latency.front_sessions)",
     )
     parser.add_argument("--interval", type=float, default=60.0, help="seconds between sessions")

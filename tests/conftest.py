@@ -3,9 +3,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -145,6 +146,16 @@ def image_subject() -> Subject:
     example = modality.example(splits.val.items, PROTOCOL)
     recipe = ModelRecipe.of(model_cfg, splits.num_labels)
     return Subject(model.eval(), recipe, val, example, calibration)
+
+
+def stored_sessions(user_attrs: Mapping[str, Any]) -> dict[str, list[list[list[float]]]]:
+    """Latency key digest -> its measurement sessions' rounds in time order, read straight from
+    a study's user attributes (`latency:<digest>:<session>`), not through the table's code."""
+    found: dict[str, list[tuple[str, list[list[float]]]]] = {}
+    for name, session in user_attrs.items():
+        if name.startswith("latency:"):
+            found.setdefault(name.split(":")[1], []).append((session["at"], session["rounds"]))
+    return {digest: [rounds for _, rounds in sorted(s)] for digest, s in found.items()}
 
 
 def cli_command(cwd: Path, *args: str) -> list[str]:

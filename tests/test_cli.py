@@ -10,7 +10,7 @@ import textwrap
 
 import optuna
 import pytest
-from conftest import listed_backends, run_cli, runnable_backends
+from conftest import listed_backends, run_cli, runnable_backends, stored_sessions
 from mlflow.tracking import MlflowClient
 
 from tuner.backends import BACKENDS as REGISTERED
@@ -68,10 +68,10 @@ def _assert_pareto_tags_match_the_study(tmp_path, children):
     # table holds (the median of the rounds' medians, read straight from the study's
     # attributes), dominance checked pair by pair.
     study = _study(tmp_path)
-    rounds: dict[str, list[list[float]]] = {}
-    for name, session in study.user_attrs.items():
-        if name.startswith("latency:"):
-            rounds.setdefault(name.split(":")[1], []).extend(session["rounds"])
+    rounds = {
+        digest: [r for session in sessions for r in session]
+        for digest, sessions in stored_sessions(study.user_attrs).items()
+    }
     points = {}
     for trial in study.get_trials(states=(TrialState.COMPLETE,)):
         key = trial.user_attrs.get(LATENCY_KEY_ATTR)
@@ -374,12 +374,6 @@ def test_a_study_ranking_by_the_fastest_call_keeps_it_as_its_objective(tmp_path)
     assert len(_study(tmp_path).trials) == len(study.trials)
 
 
-def _session_counts(study: optuna.Study) -> dict[str, int]:
-    """Latency key digest -> its measurement sessions (`latency:<digest>:<session>` attributes)."""
-    digests = [name.split(":")[1] for name in study.user_attrs if name.startswith("latency:")]
-    return {digest: digests.count(digest) for digest in digests}
-
-
 @pytest.mark.slow
 def test_the_front_is_confirmed_only_where_its_keys_can_be_rebuilt_here(tmp_path):
     backends = "search_space={deploy.backend:'choice(eager,onnxruntime)'}"
@@ -393,7 +387,8 @@ def test_the_front_is_confirmed_only_where_its_keys_can_be_rebuilt_here(tmp_path
     assert first.returncode == 0, first.stderr
     # One session per front latency asked for: nothing is timed again.
     assert "Confirming the front" not in first.stdout
-    assert set(_session_counts(_study(tmp_path)).values()) == {1}
+    sessions = stored_sessions(_study(tmp_path).user_attrs)
+    assert {len(found) for found in sessions.values()} == {1}
     made_first = {t.number for t in _study(tmp_path).trials}
     # The next run exports ONNX at another opset: the first run's keys are not this run's, and
     # rounds timed here must not be added to them.
@@ -403,7 +398,7 @@ def test_the_front_is_confirmed_only_where_its_keys_can_be_rebuilt_here(tmp_path
     assert again.returncode == 0, again.stderr
     assert "Confirming the front" in again.stdout
     study = _study(tmp_path)
-    counts = _session_counts(study)
+    counts = {d: len(s) for d, s in stored_sessions(study.user_attrs).items()}
     front = [p for p in study_points(study) if p.pareto]
     assert front
     for point in front:

@@ -278,3 +278,42 @@ def test_a_worker_killed_mid_measurement_leaves_nothing_half_done(tmp_path):
     worker.wait(timeout=30)
     # Two rounds were timed before the kill; none of them is in the table.
     assert LatencyTable.of_study(storage, study_id).rounds == {}
+
+
+def test_one_worker_at_a_time_confirms_the_front_and_a_dead_one_s_claim_expires(tmp_path):
+    import datetime
+    import threading
+
+    from tuner.retime import front_lock
+
+    url = f"sqlite:///{tmp_path / 'lock.db'}"
+    _storage(tmp_path / "lock.db")
+    first, second = (optuna.load_study(study_name="s", storage=url) for _ in range(2))
+    # A worker that died holding the lock 31 minutes ago holds it no more.
+    old = datetime.datetime.now(datetime.UTC) - datetime.timedelta(minutes=31)
+    first.set_user_attr("front-confirmation:dead", old.isoformat())
+    events: list[str] = []
+    inside = threading.Event()
+
+    def holder():
+        with front_lock(first, poll_seconds=0.05):
+            events.append("first in")
+            inside.set()
+            time.sleep(1.0)
+            events.append("first out")
+
+    thread = threading.Thread(target=holder)
+    thread.start()
+    assert inside.wait(timeout=60)
+    with front_lock(second, poll_seconds=0.05):
+        events.append("second in")
+    thread.join()
+    assert events == ["first in", "first out", "second in"]
+    # Every claim made here is released.
+    claims = {k: v for k, v in second.user_attrs.items() if k.startswith("front-confirmation:")}
+    assert len(claims) == 3 and [
+        v for k, v in claims.items() if k != "front-confirmation:dead"
+    ] == [
+        None,
+        None,
+    ]

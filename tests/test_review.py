@@ -18,7 +18,7 @@ import optuna
 import pandas as pd
 import pytest
 import torch
-from conftest import REPO, run_cli, runnable_backends
+from conftest import REPO, run_cli, runnable_backends, stored_sessions
 from mlflow.tracking import MlflowClient
 
 from tuner.config import apply_debug, compose_config, resolve
@@ -286,19 +286,9 @@ def test_the_report_shows_where_the_time_goes_and_profiles_a_point_on_demand(smo
     assert "Recommended" not in missing.stdout
 
 
-def _sessions(study: optuna.Study) -> dict[str, list[list[list[float]]]]:
-    """Latency key digest -> its measurement sessions' rounds in time order, read straight
-    from the study's user attributes (`latency:<digest>:<session>`)."""
-    found: dict[str, list[tuple[str, list[list[float]]]]] = {}
-    for name, session in study.user_attrs.items():
-        if name.startswith("latency:"):
-            found.setdefault(name.split(":")[1], []).append((session["at"], session["rounds"]))
-    return {digest: [rounds for _, rounds in sorted(s)] for digest, s in found.items()}
-
-
 def test_front_latencies_rest_on_two_sessions_and_every_run_shows_its_table_latency(smoke):
     study = _load_study(smoke)
-    sessions = _sessions(study)
+    sessions = stored_sessions(study.user_attrs)
     trials = {t.number: t for t in study.trials}
     front = [p for p in study_points(study) if p.pareto]
     keyed = [p for p in front if trials[p.trial_number].user_attrs.get(LATENCY_KEY_ATTR)]
@@ -364,7 +354,9 @@ def test_retime_front_times_the_front_again_against_the_study_s_table(smoke):
         p50 = statistics.median(statistics.median(r) for r in rounds)
         fastest = min(min(r) for r in rounds)
         digest = study.trials[point.trial_number].user_attrs[LATENCY_KEY_ATTR]
-        assert row[1].startswith(f"{p50:.2f} ({len(rounds)}, {len(_sessions(study)[digest])}, ")
+        assert row[1].startswith(
+            f"{p50:.2f} ({len(rounds)}, {len(stored_sessions(study.user_attrs)[digest])}, "
+        )
         assert row[4] == f"{fastest:.2f}"
         for before, now, moved in ((p50, row[2].split()[0], row[3]), (fastest, row[5], row[6])):
             expected = 100 * (float(now) - before) / before

@@ -144,6 +144,16 @@ def confirmed(confirmations: Sequence[Confirmation], statistic: str) -> None:
         )
 
 
+def waiting_for_front_confirmation() -> None:
+    console.print("Waiting for another worker to confirm the front's latencies ...")
+
+
+def front_not_confirmed(reason: str) -> None:
+    console.print(
+        f"[yellow]The front's latencies could not be confirmed ({reason}); they stay as measured[/]"
+    )
+
+
 def not_confirmed(label: str, reason: str) -> None:
     console.print(f"  [yellow]{label} not timed again ({reason}); it keeps its latency[/]")
 

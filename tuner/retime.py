@@ -11,8 +11,12 @@ serves `scripts/retime_front.py`.
 
 from __future__ import annotations
 
+import datetime
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,9 +39,14 @@ from tuner.latency_table import (
     record_session,
     structure_of,
 )
-from tuner.optuna_compat import storage_of
+from tuner.optuna_compat import storage_of, study_id_of
 from tuner.recipe import ModelRecipe
 from tuner.trial import SHARED_DIR, ModelFactory, untrained_model
+
+# Study user attributes: one per worker confirming the front (`front_lock`).
+_CLAIM_PREFIX = "front-confirmation:"
+# A claim this old was left by a worker that died holding it.
+_CLAIM_EXPIRES = datetime.timedelta(minutes=30)
 
 
 @dataclass(frozen=True)
@@ -80,37 +89,45 @@ class Rebuilder:
         # Building and converting must not move the random stream of whatever runs next.
         with torch.random.fork_rng():
             for index, target in enumerate(targets):
-                cfg = with_params(self.cfg, target.params)
-                seed = int(cfg.train.seed)
-                model = untrained_model(
-                    cfg, lambda cfg=cfg, seed=seed: self.factory.build(cfg.model, seed)
-                )
-                model.eval()
-                key = latency_key(
-                    cfg.model, structure_of(model), target.backend, cfg.deploy, self.protocol_record
-                )
-                if target.digest is not None and digest_of(key) != target.digest:
+                try:
+                    key, logits_of = self._one(target, workdir / str(index))
+                except Exception as exc:
+                    skipped[target.label] = f"{type(exc).__name__}: {exc}"
+                    continue
+                if logits_of is None:
                     skipped[target.label] = (
                         "its latency key here differs from the one it was measured under: "
                         "another machine, library version, deploy setting or architecture"
                     )
                     continue
-                try:
-                    loaded[target.label] = convert(
-                        target.backend,
-                        model,
-                        ModelRecipe.of(cfg.model, self.factory.num_labels),
-                        self.example,
-                        cfg.deploy,
-                        workdir / str(index) / target.backend,
-                        self.calibration,
-                        shared=workdir / str(index) / SHARED_DIR,
-                    ).logits_of
-                except Exception as exc:
-                    skipped[target.label] = f"{type(exc).__name__}: {exc}"
-                    continue
-                keys[target.label] = key
+                loaded[target.label], keys[target.label] = logits_of, key
         return Rebuilt(loaded, keys, skipped)
+
+    def _one(
+        self, target: Target, workdir: Path
+    ) -> tuple[dict[str, Any], Callable[..., Any] | None]:
+        """The target's latency key as rebuilt here, and its artifact's call (None, not
+        converted, where the key is not the one it was measured under)."""
+        cfg = with_params(self.cfg, target.params)
+        seed = int(cfg.train.seed)
+        model = untrained_model(cfg, lambda: self.factory.build(cfg.model, seed))
+        model.eval()
+        key = latency_key(
+            cfg.model, structure_of(model), target.backend, cfg.deploy, self.protocol_record
+        )
+        if target.digest is not None and digest_of(key) != target.digest:
+            return key, None
+        converted = convert(
+            target.backend,
+            model,
+            ModelRecipe.of(cfg.model, self.factory.num_labels),
+            self.example,
+            cfg.deploy,
+            workdir / target.backend,
+            self.calibration,
+            shared=workdir / SHARED_DIR,
+        )
+        return key, converted.logits_of
 
 
 def target_of(trial: optuna.trial.FrozenTrial, backend: str) -> Target:
@@ -130,7 +147,6 @@ class Confirmation:
     was added (by the study's statistic), and the session alone."""
 
     label: str
-    digest: str
     before: LatencyResult
     session: LatencyResult
     after: LatencyResult
@@ -138,7 +154,6 @@ class Confirmation:
 
 def confirm_front(
     study: optuna.Study,
-    study_id: int,
     rebuilder: Rebuilder,
     protocol: LatencyProtocol,
     constraints: Constraints,
@@ -147,7 +162,7 @@ def confirm_front(
     again, its architectures interleaved, and add the sessions to the study's table; the front
     is drawn again after each pass (a latency that rose can let another point onto it) until
     every front key has its sessions or could not be timed here (said, and left as it was)."""
-    storage = storage_of(study)
+    storage, study_id = storage_of(study), study_id_of(study)
     confirmed: list[Confirmation] = []
     given_up: set[str] = set()
     while True:
@@ -182,12 +197,43 @@ def confirm_front(
             after = table.adding(target.digest, rounds).result(target.digest)
             assert after is not None
             this_pass.append(
-                Confirmation(
-                    target.label, target.digest, before, LatencyResult.of_rounds(rounds), after
-                )
+                Confirmation(target.label, before, LatencyResult.of_rounds(rounds), after)
             )
         console.confirmed(this_pass, table.statistic)
         confirmed += this_pass
+
+
+@contextmanager
+def front_lock(study: optuna.Study, poll_seconds: float = 5.0) -> Iterator[None]:
+    """Held by one worker of the study at a time, so that workers ending together do not time
+    the front under each other's load and each add a session: each writes a claim of its own
+    (`front-confirmation:<id>`, its time), and the earliest claim not yet released (nor older
+    than `_CLAIM_EXPIRES`, left by a worker that died holding it) goes first; the others wait,
+    then find what it confirmed."""
+    storage, study_id = storage_of(study), study_id_of(study)
+    mine = f"{_CLAIM_PREFIX}{uuid.uuid4().hex[:12]}"
+    started = datetime.datetime.now(datetime.UTC)
+    storage.set_study_user_attr(study_id, mine, started.isoformat())
+    try:
+        told = False
+        while True:
+            now = datetime.datetime.now(datetime.UTC)
+            claims = [
+                (at, name)
+                for name, at in storage.get_study_user_attrs(study_id).items()
+                if name.startswith(_CLAIM_PREFIX)
+                and at
+                and now - datetime.datetime.fromisoformat(at) < _CLAIM_EXPIRES
+            ]
+            if min(claims, default=(None, mine))[1] == mine:
+                break
+            if not told:
+                console.waiting_for_front_confirmation()
+                told = True
+            time.sleep(poll_seconds)
+        yield
+    finally:
+        storage.set_study_user_attr(study_id, mine, None)
 
 
 def _due(

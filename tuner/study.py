@@ -66,7 +66,7 @@ from tuner.recovery import (
     interruptible,
     raise_if_interrupted,
 )
-from tuner.retime import Rebuilder, confirm_front
+from tuner.retime import Rebuilder, confirm_front, front_lock
 from tuner.retrain import override_keys
 from tuner.samplers import SAMPLERS
 from tuner.settings import DIRECTIONS, check_change_keys, settings_of, settle
@@ -371,14 +371,8 @@ def run_study(
                 _run_to_budget(
                     study, objective, publish, n_trials, int(cfg.study.heartbeat.interval)
                 )
-                with immediate():
-                    rebuilder = Rebuilder(
-                        cfg, factory, example, context.calibration, protocol_record
-                    )
-                    confirmations = confirm_front(study, study_id, rebuilder, protocol, constraints)
-                if confirmations:
-                    record_front(study)
-                _revise_point_latencies(tracker, study)
+                rebuilder = Rebuilder(cfg, factory, example, context.calibration, protocol_record)
+                _confirm_front(study, rebuilder, protocol, constraints, record_front, tracker)
         except KeyboardInterrupt:
             tracker.kill(parent_id)
             raise
@@ -436,6 +430,27 @@ def _claimed_trial_runner(
         raise_if_interrupted()
 
     return run
+
+
+def _confirm_front(
+    study: optuna.Study,
+    rebuilder: Rebuilder,
+    protocol: LatencyProtocol,
+    constraints: Constraints,
+    record_front: Callable[[optuna.Study], None],
+    tracker: Tracker,
+) -> None:
+    """The end of a run: the front's latencies confirmed (`tuner.retime`), the front published
+    again if they changed, and every point's run brought to the table. The trials are all
+    recorded by now, so a failure here is said and leaves the latencies as they were."""
+    try:
+        with immediate(), front_lock(study):
+            confirmations = confirm_front(study, rebuilder, protocol, constraints)
+        if confirmations:
+            record_front(study)
+        _revise_point_latencies(tracker, study)
+    except Exception as exc:
+        console.front_not_confirmed(f"{type(exc).__name__}: {exc}")
 
 
 def _revise_point_latencies(tracker: Tracker, study: optuna.Study) -> None:
