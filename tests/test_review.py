@@ -137,9 +137,13 @@ def test_pareto_points_are_deployable_mlflow_models(smoke, tmp_path):
     splits = load_splits(cfg.data)
     logged = {m.model_id for m in client.search_logged_models([experiment.experiment_id])}
     for point in front:
-        assert point.model_uri is not None, f"trial {point.trial_number} has no model"
-        assert point.model_uri.removeprefix("models:/") in logged
         run = client.get_run(point.mlflow_run_id)
+        if point.model_uri is None:
+            # Dominated when it was made (no model logged then); a later session raised the
+            # latency of a point that dominated it. Its run says so and how to get its model.
+            assert run.data.tags["tuner.model_absent"].startswith("joined the front after")
+            continue
+        assert point.model_uri.removeprefix("models:/") in logged
         assert run.data.tags["tuner.model_uri"] == point.model_uri
         mlflow.set_tracking_uri(_stores(smoke)[1])
         model = mlflow.pyfunc.load_model(point.model_uri)

@@ -94,7 +94,7 @@ from tuner.teacher import (
     student_of,
     teacher_of,
 )
-from tuner.tracking import Tracker
+from tuner.tracking import MODEL_ERROR_TAG, MODEL_URI_TAG, Tracker
 from tuner.training import EpochResult, TrainResult, batch_loss, initialise_new_layers, train
 
 # Optuna user attribute: what the trial's relative edits stand for (`model.ffn_width`: 1024).
@@ -889,11 +889,11 @@ class Objective:
             )
         except Exception as exc:  # the point stays valid without its logged model
             reason = f"{type(exc).__name__}: {exc}"
-            ctx.tracker.set_tags(run_id, {"tuner.model_error": reason[:5000]})
+            ctx.tracker.set_tags(run_id, {MODEL_ERROR_TAG: reason[:5000]})
             console.model_not_logged(result.backend, reason)
             return
         set_attr(MODEL_URI_ATTR, uri)
-        ctx.tracker.set_tags(run_id, {"tuner.model_uri": uri})
+        ctx.tracker.set_tags(run_id, {MODEL_URI_TAG: uri})
 
     def _add_point(
         self, trial: optuna.Trial, trained: _Trained, result: BackendResult, log_model: bool
