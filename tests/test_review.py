@@ -55,6 +55,12 @@ def _load_study(path, name=STUDY) -> optuna.Study:
     return optuna.load_study(study_name=name, storage=_stores(path)[0])
 
 
+def _script(name: str, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """Run `scripts/<name>` with `args` as a user would."""
+    command = [sys.executable, str(REPO / "scripts" / name), *args]
+    return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=600)
+
+
 def _report(path, *args: str) -> subprocess.CompletedProcess:
     optuna_url, mlflow_url = _stores(path)
     command = [
@@ -329,18 +335,7 @@ def test_front_latencies_rest_on_two_sessions_and_every_run_shows_its_table_late
 
 
 def test_retime_front_times_the_front_again_against_the_study_s_table(smoke):
-    result = subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "scripts" / "retime_front.py"),
-            *("--sessions", "2", "--interval", "1"),
-            *SMOKE,
-        ],
-        cwd=smoke,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    result = _script("retime_front.py", "--sessions", "2", "--interval", "1", *SMOKE, cwd=smoke)
     assert result.returncode == 0, result.stderr
     study = _load_study(smoke)
     front = [p for p in study_points(study) if p.pareto]
@@ -352,12 +347,12 @@ def test_retime_front_times_the_front_again_against_the_study_s_table(smoke):
     assert [row[0] for row in rows] == [f"#{p.trial_number} {p.backend}" for p in front]
     table = LatencyTable.of_attrs(study.user_attrs)
     for row, point in zip(rows, front, strict=True):
-        rounds = table.rounds[study.trials[point.trial_number].user_attrs[LATENCY_KEY_ATTR]]
+        digest = study.trials[point.trial_number].user_attrs[LATENCY_KEY_ATTR]
+        rounds = table.rounds[digest]
         # The table's side, worked out from its rounds: the median of the rounds' medians and
         # the fastest call; each move is the fresh figure's against it.
         p50 = statistics.median(statistics.median(r) for r in rounds)
         fastest = min(min(r) for r in rounds)
-        digest = study.trials[point.trial_number].user_attrs[LATENCY_KEY_ATTR]
         assert row[1].startswith(
             f"{p50:.2f} ({len(rounds)}, {len(stored_sessions(study.user_attrs)[digest])}, "
         )
@@ -380,17 +375,11 @@ def test_retime_front_times_the_front_again_against_the_study_s_table(smoke):
 
 
 def test_bench_backends_compares_the_study_s_fastest_close_point_by_its_statistic(smoke):
-    result = subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "scripts" / "bench_backends.py"),
-            *("--ffn-width", "512", "--backends", "eager", "--seq-len", "32"),
-            *("--train-samples", "64", "--val-samples", "32", "--rounds", "1", "--repeats", "2"),
-            *("--study", STUDY, "--storage", _stores(smoke)[0], "--max-accuracy-drop", "1.0"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
+    result = _script(
+        "bench_backends.py",
+        *("--ffn-width", "512", "--backends", "eager", "--seq-len", "32"),
+        *("--train-samples", "64", "--val-samples", "32", "--rounds", "1", "--repeats", "2"),
+        *("--study", STUDY, "--storage", _stores(smoke)[0], "--max-accuracy-drop", "1.0"),
     )
     assert result.returncode == 0, result.stderr
     (line,) = [row for row in result.stdout.splitlines() if row.startswith(f"Study {STUDY}:")]
