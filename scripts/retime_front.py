@@ -25,11 +25,13 @@ import sys
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import optuna
 
 from tuner import console
+from tuner.backends import ExampleInputs
 from tuner.backends.cpu import isa_flags
 from tuner.config import compose_config
 from tuner.data import load_splits
@@ -46,29 +48,28 @@ from tuner.trial import ModelFactory
 _WITHIN_PCT = 10.0
 
 
-def main(argv: list[str]) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--sessions",
-        type=int,
-        default=None,
-        help="measurement sessions pooled into each re-time (default: "
-        "deploy.latency.front_sessions)",
-    )
-    parser.add_argument("--interval", type=float, default=60.0, help="seconds between sessions")
-    parser.add_argument("overrides", nargs="*", help="the study's Hydra overrides")
-    args = parser.parse_args(argv)
-    if args.sessions is not None and args.sessions < 1:
-        parser.error(f"--sessions {args.sessions}: at least 1 session")
+@dataclass(frozen=True)
+class StudyFront:
+    """A study's front ready to rebuild: the study, its latency table and protocol, the timed
+    input, the rebuilder and one target per front point."""
+
+    study: optuna.Study
+    table: LatencyTable
+    protocol: LatencyProtocol
+    example: ExampleInputs
+    rebuilder: Rebuilder
+    targets: list[Target]
+
+
+def study_front(overrides: Sequence[str]) -> StudyFront:
+    """The front of the study the overrides compose (read from its storage, nothing written)."""
     console.quiet_libraries()
-    prepared = prepare(compose_config(args.overrides), {}, override_keys(args.overrides))
+    prepared = prepare(compose_config(list(overrides)), {}, override_keys(list(overrides)))
     cfg = prepared.cfg
     study = optuna.load_study(study_name=str(cfg.study.name), storage=str(cfg.study.storage))
-    table = LatencyTable.of_attrs(study.user_attrs)
     splits = load_splits(cfg.data)
     modality = modality_for(cfg, prepared.space, splits)
     protocol = LatencyProtocol.from_config(cfg.deploy.latency)
-    sessions = protocol.front_sessions if args.sessions is None else args.sessions
     example = modality.example(splits.val.items, protocol)
     rebuilder = Rebuilder(
         cfg,
@@ -84,19 +85,46 @@ def main(argv: list[str]) -> None:
     targets = [
         target_of(trials[p.trial_number], p.backend) for p in study_points(study) if p.pareto
     ]
+    return StudyFront(
+        study, LatencyTable.of_attrs(study.user_attrs), protocol, example, rebuilder, targets
+    )
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--sessions",
+        type=int,
+        default=None,
+        help="measurement sessions pooled into each re-time (default: "
+        "deploy.latency.front_sessions)",
+    )
+    parser.add_argument("--interval", type=float, default=60.0, help="seconds between sessions")
+    parser.add_argument("overrides", nargs="*", help="the study's Hydra overrides")
+    args = parser.parse_args(argv)
+    if args.sessions is not None and args.sessions < 1:
+        parser.error(f"--sessions {args.sessions}: at least 1 session")
+    front = study_front(args.overrides)
+    protocol = front.protocol
+    sessions = protocol.front_sessions if args.sessions is None else args.sessions
     timed: list[dict[str, list[list[float]]]] = []
     with tempfile.TemporaryDirectory(prefix="retime-") as workdir:
-        rebuilt = rebuilder.rebuild(targets, Path(workdir))
+        rebuilt = front.rebuilder.rebuild(front.targets, Path(workdir))
         for session in range(sessions):
             if session:
                 time.sleep(args.interval)
-            timed.append(time_rounds(rebuilt.loaded, example, protocol))
+            timed.append(
+                time_rounds(
+                    rebuilt.loaded, front.example, protocol, on_set_aside=console.rounds_set_aside
+                )
+            )
     print(f"CPU: {cpu_model()}; flags: {isa_flags()}")
     print(
-        f"Study '{study.study_name}': {len(targets)} front points, re-timed in {sessions} "
-        f"session(s) {args.interval:g} s apart, {protocol.rounds} interleaved rounds each\n"
+        f"Study '{front.study.study_name}': {len(front.targets)} front points, re-timed in "
+        f"{sessions} session(s) {args.interval:g} s apart, {protocol.rounds} interleaved rounds "
+        "each\n"
     )
-    _report(targets, rebuilt.skipped, table, timed)
+    _report(front.targets, rebuilt.skipped, front.table, timed)
 
 
 def _report(

@@ -178,6 +178,9 @@ def test_what_does_not_change_the_timed_graph_is_not_in_the_key():
     assert _digest(_model(), deploy=OmegaConf.merge(DEPLOY, {"device": "cpu"})) == base
     # How the rounds are summarised is read from the study, not the key: the rounds are kept.
     assert _digest(_model(), record={**PROTOCOL_RECORD, "latency.statistic": "min"}) == base
+    # Which timed rounds are kept as steady: they measure the same latency.
+    steady = {"latency.steady_within": None, "latency.steady_attempts": 5}
+    assert _digest(_model(), record={**PROTOCOL_RECORD, **steady}) == base
 
 
 def test_backend_settings_protocol_and_machine_are_in_the_key():

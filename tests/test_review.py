@@ -374,6 +374,31 @@ def test_retime_front_times_the_front_again_against_the_study_s_table(smoke):
     assert "re-timed in 2 session(s) 1 s apart" in result.stdout
 
 
+def test_bench_steadiness_splits_the_front_s_windows_by_the_machine_reference(smoke):
+    result = _script("bench_steadiness.py", "--seconds", "4", "--calls", "3", *SMOKE, cwd=smoke)
+    assert result.returncode == 0, result.stderr
+    front = [p for p in study_points(_load_study(smoke)) if p.pareto]
+    (summary,) = [line for line in result.stdout.splitlines() if " windows in 4 s;" in line]
+    windows = int(summary.split()[0])
+    steady = int(summary.split("; ")[-1].split()[0])
+    assert windows >= 1 and 0 <= steady <= windows
+    rows = [
+        [cell.strip() for cell in line.split("|")[1:-1]]
+        for line in result.stdout.splitlines()
+        if line.startswith("| #")
+    ]
+    assert [row[0] for row in rows] == [f"#{p.trial_number} {p.backend}" for p in front]
+    for row in rows:
+        assert float(row[1]) > 0
+        # The windows near the fastest, among all, are those among steady and other windows.
+        counts = {"-": (0.0, 0)}
+        shares = [counts.get(c) or (float(c.split("%")[0]), int(c.split()[-1])) for c in row[3:5]]
+        assert shares[0][1] == steady and shares[0][1] + shares[1][1] == windows
+        pooled = sum(share * n for share, n in shares) / windows
+        assert float(row[2].rstrip("%")) == pytest.approx(pooled, abs=1.0)
+        assert -1 <= float(row[5]) <= 1 or row[5] == "nan"
+
+
 def test_bench_backends_compares_the_study_s_fastest_close_point_by_its_statistic(smoke):
     result = _script(
         "bench_backends.py",

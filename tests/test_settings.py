@@ -33,8 +33,11 @@ def test_the_settings_name_every_value_that_shapes_results():
     assert settings["data.source"] == "rotten_tomatoes" and settings["data.split_seed"] == 0
     assert settings["deploy.latency.batch_size"] == 1
     assert settings["objectives"] == {"val_accuracy": "maximize", "latency_ms_p50": "minimize"}
-    # Where the data is cached shapes nothing.
+    # Where the data is cached shapes nothing; nor which timed rounds count as steady (any run
+    # may change it: the rounds it keeps measure the same latencies).
     assert "data.cache_dir" not in settings
+    assert "deploy.latency.steady_within" not in settings
+    assert "deploy.latency.steady_attempts" not in settings
     # The stored form rebuilds the data config.
     assert subtree(settings, "data")["split_seed"] == 0
 

@@ -136,6 +136,12 @@ VALUE_RULES: dict[str, Rule] = {
     "deploy.latency.rounds": POSITIVE_INT,
     "deploy.latency.max_rounds": POSITIVE_INT,
     "deploy.latency.front_sessions": POSITIVE_INT,
+    "deploy.latency.steady_within": (
+        lambda v: v is None or (_number(v) and v > 0),
+        "must be a number > 0 (a fraction of the reference's fastest reading), or null to "
+        "count every round",
+    ),
+    "deploy.latency.steady_attempts": POSITIVE_INT,
     "study.pruning.enabled": BOOLEAN,
     "study.pruning.min_epochs": POSITIVE_INT,
     "study.pruning.margin": NON_NEGATIVE,

@@ -117,6 +117,13 @@ def untimed_before_training(backend: str, reason: str) -> None:
     )
 
 
+def rounds_set_aside(set_aside: int, timed: int) -> None:
+    console.print(
+        f"  [dim]{set_aside} of {timed} timed rounds set aside: the machine reference read a "
+        "slow spell around them (deploy.latency.steady_within)[/]"
+    )
+
+
 def interleaved_timing_failed(reason: str) -> None:
     console.print(
         f"  [yellow]timing the backends in turn failed ({reason}); each is timed on its own[/]"

@@ -30,6 +30,10 @@ from tuner.training import accuracy, collect_logits
 # backends' artifacts, in interleaved rounds).
 Timer = Callable[[Logits], LatencyResult | None]
 
+# Beside the backends' own directories under a model's deployment directory: what they share
+# (the exported and fused graphs the ONNX Runtime backends of one model start from).
+SHARED_DIR = "shared"
+
 
 class BackendFailed(RuntimeError):
     """A backend is unavailable, or its conversion or outputs cannot be used."""
@@ -150,6 +154,29 @@ def convert(
         logits_of(*example.tensors)
     seconds = time.perf_counter() - started
     return Converted(logits_of, artifact, seconds, backend.describe(artifact))
+
+
+def convert_into(
+    deployment: Path,
+    backend_name: str,
+    model: nn.Module,
+    recipe: ModelRecipe,
+    example: ExampleInputs,
+    deploy_cfg: DictConfig,
+    calibration: Sequence[tuple[torch.Tensor, ...]] = (),
+) -> Converted:
+    """`convert` into the backend's own directory under `deployment`, beside the one the
+    model's backends share."""
+    return convert(
+        backend_name,
+        model,
+        recipe,
+        example,
+        deploy_cfg,
+        deployment / backend_name,
+        calibration,
+        shared=deployment / SHARED_DIR,
+    )
 
 
 def check_outputs(logits: torch.Tensor, reference: Reference) -> dict[str, float]:

@@ -31,6 +31,7 @@ from tuner.backends.base import ExampleInputs
 from tuner.backends.cpu import isa_flags
 from tuner.devices import gpu_index
 from tuner.registry import Registry
+from tuner.steadiness import reference_for, steadiest_rounds, steady_rounds
 
 STATISTIC_KEY = "deploy.latency.statistic"
 # The statistic of code given none, and of studies made before it was a setting.
@@ -51,6 +52,11 @@ class LatencyProtocol:
         front_sessions: measurement sessions each latency on the study's front rests on at the
             end of a run: front keys with fewer are timed again then (`tuner.retime`), so no
             front latency is one stretch of a shared machine's load.
+        steady_within: a round counts as steady when the machine reference read, before and
+            after it, within this fraction of the fastest reading of the process
+            (`tuner.steadiness`); None: every round counts, none is timed again.
+        steady_attempts: rounds a measurement may time per round it keeps, to find steady
+            ones; where too few are, it keeps the steadiest.
     """
 
     batch_size: int
@@ -62,16 +68,13 @@ class LatencyProtocol:
     max_rounds: int = 1
     statistic: str = DEFAULT_STATISTIC
     front_sessions: int = 1
+    steady_within: float | None = None
+    steady_attempts: int = 1
 
     @classmethod
     def from_config(cls, latency_cfg: DictConfig) -> LatencyProtocol:
         fields = [name for name in cls.__dataclass_fields__ if name in latency_cfg]
-        return cls(
-            **{
-                name: latency_cfg[name] if name == "statistic" else int(latency_cfg[name])
-                for name in fields
-            }
-        )
+        return cls(**{name: _FIELD_TYPES.get(name, int)(latency_cfg[name]) for name in fields})
 
     @property
     def calls_per_round(self) -> int:
@@ -87,6 +90,13 @@ class LatencyProtocol:
             "onnxruntime_version": _version("onnxruntime"),
         }
         return {f"{prefix}{key}": value for key, value in values.items()}
+
+
+# How `LatencyProtocol.from_config` reads the fields that are no int.
+_FIELD_TYPES: dict[str, Callable[[object], object]] = {
+    "statistic": str,
+    "steady_within": lambda value: None if value is None else float(value),  # type: ignore[arg-type]
+}
 
 
 @dataclass(frozen=True)
@@ -196,25 +206,57 @@ def time_rounds(
     inputs: ExampleInputs,
     protocol: LatencyProtocol,
     rounds: int | None = None,
+    on_set_aside: Callable[[int, int], None] | None = None,
 ) -> dict[str, list[list[float]]]:
     """Time every callable in interleaved rounds: `warmup` untimed calls each, then per round
     one untimed call (its caches were the others' meanwhile) and `calls_per_round` timed ones,
-    each callable in turn. Returns name -> rounds of milliseconds."""
-    rounds = protocol.rounds if rounds is None else rounds
-    timings: dict[str, list[list[float]]] = {name: [] for name in callables}
+    each callable in turn. Returns name -> rounds of milliseconds.
+
+    With `protocol.steady_within`, the machine reference is read between rounds and rounds
+    are timed until `rounds` of them are steady (`tuner.steadiness`), at most
+    `steady_attempts` times as many; those are kept (or, short of them, the steadiest), and
+    `on_set_aside(set aside, timed)` hears of the rounds that were not."""
+    wanted = protocol.rounds if rounds is None else rounds
     clocks = {name: _clock_of(logits_of) for name, logits_of in callables.items()}
+    # A GPU's calls are not slowed by the CPU's spells the reference reads.
+    steadiness = protocol.steady_within
+    if any(clock is _gpu_call_ms for clock in clocks.values()):
+        steadiness = None
+    reference = reference_for(protocol.num_threads)
+    readings: list[float] = []
+    timed: list[dict[str, list[float]]] = []
     with pinned_threads(protocol.num_threads), torch.inference_mode():
         for logits_of in callables.values():
             for _ in range(protocol.warmup):
                 logits_of(*inputs.tensors)
-        for index in range(rounds):
+        if steadiness is not None:
+            reference.reading_ms()  # its first calls build and warm it
+            readings.append(reference.reading_ms())
+        while len(timed) < wanted or (
+            steadiness is not None
+            and len(steady_rounds(readings, reference.floor_ms, steadiness)) < wanted
+            and len(timed) < wanted * protocol.steady_attempts
+        ):
+            one_round = {}
             for name, logits_of in callables.items():
-                if index > 0 and len(callables) > 1:
+                # The reference ran in between, too, where it is read.
+                if steadiness is not None or (timed and len(callables) > 1):
                     logits_of(*inputs.tensors)
-                timed = clocks[name]
-                calls = [timed(logits_of, inputs) for _ in range(protocol.calls_per_round)]
-                timings[name].append(calls)
-    return timings
+                clock = clocks[name]
+                calls = protocol.calls_per_round
+                one_round[name] = [clock(logits_of, inputs) for _ in range(calls)]
+            timed.append(one_round)
+            if steadiness is not None:
+                readings.append(reference.reading_ms())
+    kept = list(range(len(timed)))
+    if len(timed) > wanted:
+        assert steadiness is not None
+        kept = steady_rounds(readings, reference.floor_ms, steadiness)[:wanted]
+        if len(kept) < wanted:
+            kept = steadiest_rounds(readings, wanted)
+        if on_set_aside is not None:
+            on_set_aside(len(timed) - wanted, len(timed))
+    return {name: [timed[i][name] for i in kept] for name in callables}
 
 
 Clock = Callable[[Callable[..., torch.Tensor], ExampleInputs], float]

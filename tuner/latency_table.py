@@ -46,9 +46,17 @@ _TRAINING_ONLY = frozenset({"random_init", "dropout", "drop_rate"})
 # trained weights).
 _NOT_IN_DEPLOY_KEY = frozenset({"backend", "device", "latency", "mixed"})
 # How far a measurement may grow (in rounds, in sessions) is no part of what it measures:
-# raising it extends the table; nor is how its calls are summarised (the rounds are kept whole).
+# raising it extends the table; nor is how its calls are summarised (the rounds are kept whole),
+# nor which rounds are kept: steady ones measure the same latency as any others, with less of
+# the machine's load in them.
 _NOT_IN_PROTOCOL_KEY = frozenset(
-    {"latency.max_rounds", "latency.front_sessions", "latency.statistic"}
+    {
+        "latency.max_rounds",
+        "latency.front_sessions",
+        "latency.statistic",
+        "latency.steady_within",
+        "latency.steady_attempts",
+    }
 )
 
 

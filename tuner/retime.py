@@ -29,7 +29,7 @@ from tuner import console
 from tuner.backends import ExampleInputs
 from tuner.config import with_params
 from tuner.constraints import Constraints
-from tuner.deploy import convert
+from tuner.deploy import convert_into
 from tuner.front import LATENCY_KEY_ATTR, points_of
 from tuner.latency import LatencyProtocol, LatencyResult, time_rounds
 from tuner.latency_table import (
@@ -41,7 +41,7 @@ from tuner.latency_table import (
 )
 from tuner.optuna_compat import storage_of, study_id_of
 from tuner.recipe import ModelRecipe
-from tuner.trial import SHARED_DIR, ModelFactory, untrained_model
+from tuner.trial import ModelFactory, untrained_model
 
 # Study user attributes: one per worker confirming the front (`front_lock`).
 _CLAIM_PREFIX = "front-confirmation:"
@@ -117,15 +117,14 @@ class Rebuilder:
         )
         if target.digest is not None and digest_of(key) != target.digest:
             return key, None
-        converted = convert(
+        converted = convert_into(
+            workdir,
             target.backend,
             model,
             ModelRecipe.of(cfg.model, self.factory.num_labels),
             self.example,
             cfg.deploy,
-            workdir / target.backend,
             self.calibration,
-            shared=workdir / SHARED_DIR,
         )
         return key, converted.logits_of
 
@@ -178,7 +177,12 @@ def confirm_front(
             skipped = dict(rebuilt.skipped)
             try:
                 if rebuilt.loaded:
-                    measured = time_rounds(rebuilt.loaded, rebuilder.example, protocol)
+                    measured = time_rounds(
+                        rebuilt.loaded,
+                        rebuilder.example,
+                        protocol,
+                        on_set_aside=console.rounds_set_aside,
+                    )
             except Exception as exc:  # the front keeps the latencies it has
                 skipped.update(
                     dict.fromkeys(rebuilt.loaded, f"timing failed: {type(exc).__name__}: {exc}")

@@ -44,7 +44,14 @@ from tuner.constraints import (
 )
 from tuner.convergence import REFERENCE_ATTR, reference_point
 from tuner.data.batches import Encoded
-from tuner.deploy import BackendFailed, BackendResult, Reference, convert, deploy_on
+from tuner.deploy import (
+    SHARED_DIR,
+    BackendFailed,
+    BackendResult,
+    Reference,
+    convert_into,
+    deploy_on,
+)
 from tuner.early_stopping import (
     CURVE_ATTR,
     PRUNED_ATTR,
@@ -101,9 +108,6 @@ from tuner.training import EpochResult, TrainResult, batch_loss, initialise_new_
 ARCHITECTURE_ATTR = "architecture"
 # Optuna user attribute of every point: the configuration it belongs to (`budget.configuration_of`).
 CONFIGURATION_ATTR = "configuration"
-# Beside the backends' own directories under a deployment's: what they share (the exported and
-# fused graphs the ONNX Runtime backends of one model start from).
-SHARED_DIR = "shared"
 
 _SUGGEST = {
     FloatDistribution: lambda trial, name, d: trial.suggest_float(
@@ -529,20 +533,21 @@ class Objective:
             with torch.random.fork_rng():
                 for backend in missing:
                     try:
-                        loaded[backend] = convert(
+                        loaded[backend] = convert_into(
+                            workdir,
                             backend,
                             model,
                             recipe,
                             ctx.example,
                             cfg.deploy,
-                            workdir / backend,
                             ctx.calibration,
-                            shared=workdir / SHARED_DIR,
                         ).logits_of
                     except Exception as exc:  # timed after training instead
                         console.untimed_before_training(backend, f"{type(exc).__name__}: {exc}")
                 if loaded:
-                    measured = time_rounds(loaded, ctx.example, ctx.protocol)
+                    measured = time_rounds(
+                        loaded, ctx.example, ctx.protocol, on_set_aside=console.rounds_set_aside
+                    )
             for backend, timings in measured.items():
                 key = keys[backend]
                 assert key is not None
@@ -722,7 +727,9 @@ class Objective:
         if not waiting:
             return {}
         try:
-            measured = time_rounds(waiting, ctx.example, ctx.protocol)
+            measured = time_rounds(
+                waiting, ctx.example, ctx.protocol, on_set_aside=console.rounds_set_aside
+            )
         except Exception as exc:  # one backend's failure must not take the others' points
             console.interleaved_timing_failed(f"{type(exc).__name__}: {exc}")
             measured = {}

@@ -1,0 +1,86 @@
+"""Telling a steady machine from a slow spell, so that timed rounds come from steady stretches.
+
+A shared machine has spells, seconds to minutes long, in which every workload on it runs slower
+(by 10-90% on the 2-core machines of docs/benchmarks.md, "Steady rounds"), most of all the
+fastest, most often synchronising artifacts. A fixed reference workload, timed between the
+rounds of a measurement, slows down with them: its fastest call between two rounds, against
+the fastest this process has seen, says whether the round between was taken in such a spell.
+`time_rounds` (tuner.latency) uses it to keep a measurement's rounds to steady ones.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+# The reference: a stack of transformer-FFN-sized linear layers over one 128-token sequence,
+# about 5 ms a call on a 2-core AVX-512 machine: its threads synchronise as a model's operators
+# do, and a reading between rounds costs little beside them.
+_WIDTH, _HIDDEN, _LAYERS, _TOKENS = 384, 768, 12, 128
+# Calls per reading; the reading is their fastest.
+_CALLS = 5
+
+
+@dataclass
+class MachineReference:
+    """The reference workload, built once per process with fixed weights, and the fastest
+    reading this process has taken (`floor_ms`)."""
+
+    floor_ms: float = float("inf")
+    _model: nn.Module | None = field(default=None, repr=False)
+    _input: torch.Tensor | None = field(default=None, repr=False)
+
+    def reading_ms(self) -> float:
+        """The fastest of a few calls now, on the caller's thread settings."""
+        model, inputs = self._built()
+        calls = []
+        with torch.inference_mode():
+            for _ in range(_CALLS):
+                started = time.perf_counter()
+                model(inputs)
+                calls.append((time.perf_counter() - started) * 1000)
+        reading = min(calls)
+        self.floor_ms = min(self.floor_ms, reading)
+        return reading
+
+    def _built(self) -> tuple[nn.Module, torch.Tensor]:
+        if self._model is None or self._input is None:
+            generator = torch.Generator().manual_seed(0)
+            layers = []
+            for index in range(_LAYERS):
+                wide = index % 2 == 0
+                layer = nn.Linear(_WIDTH if wide else _HIDDEN, _HIDDEN if wide else _WIDTH)
+                with torch.no_grad():
+                    layer.weight.normal_(0, 0.02, generator=generator)
+                    layer.bias.zero_()
+                layers.append(layer)
+            self._model = nn.Sequential(*layers).eval()
+            self._input = torch.randn(_TOKENS, _WIDTH, generator=generator)
+        return self._model, self._input
+
+
+# One per process and thread count: its floor is what every later measurement here, on as many
+# threads, is judged against.
+_REFERENCES: dict[int, MachineReference] = {}
+
+
+def reference_for(num_threads: int) -> MachineReference:
+    """This process's reference on `num_threads` threads (the caller pins them)."""
+    return _REFERENCES.setdefault(num_threads, MachineReference())
+
+
+def steady_rounds(readings: Sequence[float], floor_ms: float, within: float) -> list[int]:
+    """The rounds (indices) both of whose readings, the one before and the one after it
+    (`readings` has one more than there are rounds), are within `within` of `floor_ms`."""
+    limit = floor_ms * (1 + within)
+    return [i for i in range(len(readings) - 1) if max(readings[i], readings[i + 1]) <= limit]
+
+
+def steadiest_rounds(readings: Sequence[float], count: int) -> list[int]:
+    """The `count` rounds whose slower reading is the fastest, in time order."""
+    ranked = sorted(range(len(readings) - 1), key=lambda i: max(readings[i], readings[i + 1]))
+    return sorted(ranked[:count])
