@@ -264,9 +264,16 @@ def bench(args: argparse.Namespace) -> int:
                 **checks,
             }
             print(f"converted {row} in {converted.seconds:.1f} s", file=sys.stderr)
-        # The study's own protocol: interleaved rounds, p50 the median of the round medians.
+        # The study's own protocol: interleaved rounds, p50 the median of the round medians,
+        # the rounds judged for steadiness as a study's are.
         timings = time_rounds(
-            {name: row["logits_of"] for name, row in rows.items()}, example, protocol
+            {name: row["logits_of"] for name, row in rows.items()},
+            example,
+            protocol,
+            on_set_aside=lambda aside, timed: print(
+                f"{aside} of {timed} timed rounds set aside (deploy.latency.steady_within)",
+                file=sys.stderr,
+            ),
         )
         # What a study adds to every point after its timed calls, and what it finds.
         insight = {

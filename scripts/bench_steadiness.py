@@ -6,7 +6,8 @@ Rebuilds the front of the study the overrides compose (untrained, as `retime_fro
 and, for `--seconds`, takes windows back to back: a reading of the machine reference
 (`tuner.steadiness`), then each front artifact's fastest of `--calls` calls, and so on, with a
 reading after the last. A window counts as steady as a round of a measurement does: both
-readings around it within `deploy.latency.steady_within` of the fastest reading. Per point the
+readings around it within `deploy.latency.steady_within` of the floor (the second-fastest
+reading; here the run's, where a measurement judges by the floor as it stands). Per point the
 table gives its fastest window, the share of all windows within 10% of that, and the same share
 among steady and among the other windows, and how the point's windows correlate with the
 reference's: a reference that sees the spells makes the steady windows' share high.
@@ -22,8 +23,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from retime_front import study_front
+from retime_front import StudyFront, study_front
 
+from tuner.backends import Logits
 from tuner.backends.cpu import isa_flags
 from tuner.latency import cpu_model, pinned_threads
 from tuner.steadiness import reference_for, steady_rounds
@@ -38,6 +40,8 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--calls", type=int, default=20, help="calls per artifact and window")
     parser.add_argument("overrides", nargs="*", help="the study's Hydra overrides")
     args = parser.parse_args(argv)
+    if args.seconds <= 0 or args.calls < 1:
+        parser.error(f"--seconds {args.seconds:g} --calls {args.calls}: both must be positive")
     front = study_front(args.overrides)
     within = front.protocol.steady_within
     if within is None:
@@ -62,9 +66,10 @@ def main(argv: list[str]) -> None:
     around = np.array([max(readings[i], readings[i + 1]) for i in range(len(windows))])
     print(f"CPU: {cpu_model()}; flags: {isa_flags()}")
     print(
-        f"{len(windows)} windows in {args.seconds:g} s; reference fastest {reference.floor_ms:.2f} "
+        f"{len(windows)} windows in {args.seconds:g} s; reference fastest {min(readings):.2f} "
         f"ms, median {np.median(readings):.2f}, slowest {max(readings):.2f}; "
-        f"{len(steady)} windows steady (both readings within {within:.0%} of the fastest)\n"
+        f"{len(steady)} windows steady (both readings within {within:.0%} of the floor, "
+        f"{reference.floor_ms:.2f} ms)\n"
     )
     print(
         "| point | fastest window ms | windows within 10% of it: all | steady | other | "
@@ -84,7 +89,7 @@ def main(argv: list[str]) -> None:
         print(f"| {label} | not rebuilt: {reason} | - | - | - | - |")
 
 
-def _fastest_ms(logits_of, front, calls: int) -> float:
+def _fastest_ms(logits_of: Logits, front: StudyFront, calls: int) -> float:
     fastest = float("inf")
     for _ in range(calls):
         started = time.perf_counter()

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import pytest
+import torch
+from omegaconf import OmegaConf
 
 from tuner.backends import ExampleInputs
 from tuner.latency import LatencyProtocol, time_rounds
-from tuner.steadiness import reference_for, steadiest_rounds, steady_rounds
+from tuner.steadiness import _REFERENCES, MachineReference, steadiest_rounds, steady_rounds
 
 
 def test_a_round_is_steady_when_both_readings_around_it_are_near_the_floor():
@@ -27,7 +29,7 @@ def test_short_of_steady_rounds_the_steadiest_are_kept_in_time_order():
 
 def _timed(protocol: LatencyProtocol):
     """Two recording callables timed under `protocol`: the order of their calls, the rounds
-    kept per callable (each as its number of calls), and what `on_set_aside` heard."""
+    kept per callable, and what `on_set_aside` heard."""
     calls: list[str] = []
 
     def recorder(name):
@@ -43,8 +45,7 @@ def _timed(protocol: LatencyProtocol):
         protocol,
         on_set_aside=lambda *n: set_aside.append(n),
     )
-    kept = {name: [len(r) for r in rounds] for name, rounds in timings.items()}
-    return "".join(calls), kept, set_aside
+    return "".join(calls), timings, set_aside
 
 
 def test_on_a_steady_machine_the_planned_rounds_are_all_that_are_timed():
@@ -56,36 +57,129 @@ def test_on_a_steady_machine_the_planned_rounds_are_all_that_are_timed():
     # Warm-up once each; then per round each in turn, one untimed call (the reference ran
     # before it) and 4 // 2 timed ones.
     assert calls == "ab" + "aaabbb" * 2
-    assert kept == {"a": [2, 2], "b": [2, 2]}
+    assert [len(r) for r in kept["a"]] == [2, 2] and [len(r) for r in kept["b"]] == [2, 2]
     assert set_aside == []
 
 
-def test_in_a_slow_spell_more_rounds_are_timed_and_the_planned_number_kept(monkeypatch):
+def _scripted(monkeypatch, num_threads: int, readings: list[float]) -> list[float]:
+    """A fresh reference on `num_threads` threads whose readings are `readings`, in turn; the
+    returned list holds those taken so far."""
+    taken: list[float] = []
+    reference = MachineReference()
+    script = iter(readings)
+
+    def next_reading() -> float:
+        taken.append(next(script))
+        return taken[-1]
+
+    monkeypatch.setattr(reference, "_fastest_call_ms", next_reading)
+    monkeypatch.setitem(_REFERENCES, num_threads, reference)
+    return taken
+
+
+def _clock_reading(monkeypatch, taken: list[float]) -> None:
+    """Timed calls still make their call, and read as how many readings were taken before."""
+
+    def clock(logits_of, inputs) -> float:
+        logits_of(*inputs.tensors)
+        return float(len(taken))
+
+    monkeypatch.setattr("tuner.latency._wall_call_ms", clock)
+
+
+def test_in_a_slow_spell_more_rounds_are_timed_and_the_steady_ones_kept(monkeypatch):
+    # The warm-up reading, the one before round 0, then one after each round. The floor is the
+    # second-fastest reading (5.0): within 10% is <= 5.5. Round 0 (5.0, 9.0) and round 1
+    # (9.0, 5.1) touch the spell; rounds 2 (5.1, 5.2) and 3 (5.2, 5.3) are steady.
+    taken = _scripted(monkeypatch, 1, [5.0, 5.0, 9.0, 5.1, 5.2, 5.3, 5.0, 5.0])
+    # Each timed call reads as the number of readings taken before it: round i's as i + 2.
+    _clock_reading(monkeypatch, taken)
     protocol = LatencyProtocol(
         1, 16, 1, warmup=1, repeats=4, rounds=2, steady_within=0.1, steady_attempts=3
     )
-    reference = reference_for(1)
-    reference.reading_ms()  # built, with a floor of its own
-    # A floor no reading comes near: every round reads as a slow spell.
-    monkeypatch.setattr(reference, "floor_ms", 1e-9)
     calls, kept, set_aside = _timed(protocol)
-    # steady_attempts (3) times the planned 2 rounds are timed; 2 are kept, 4 set aside.
+    assert calls == "ab" + "aaabbb" * 4
+    assert kept == {"a": [[4.0, 4.0], [5.0, 5.0]], "b": [[4.0, 4.0], [5.0, 5.0]]}
+    assert set_aside == [(2, 4)]
+    assert len(taken) == 6
+
+
+def test_short_of_steady_rounds_a_measurement_stops_at_its_attempts(monkeypatch):
+    # Floor 4.0 (the two first readings); every later reading is over 4.4: no round is steady.
+    # Readings before round 0 and after each: 4, 9, 8, 6, 7, 5, 9; the slower one around each
+    # round: 9, 9, 8, 7, 7, 9; the steadiest two are rounds 3 and 4 (timed calls 5.0, 6.0).
+    taken = _scripted(monkeypatch, 1, [4.0, 4.0, 9.0, 8.0, 6.0, 7.0, 5.0, 9.0, 9.0])
+    _clock_reading(monkeypatch, taken)
+    protocol = LatencyProtocol(
+        1, 16, 1, warmup=1, repeats=4, rounds=2, steady_within=0.1, steady_attempts=3
+    )
+    calls, kept, set_aside = _timed(protocol)
+    # steady_attempts (3) times the planned 2 rounds are timed, the steadiest 2 kept.
     assert calls == "ab" + "aaabbb" * 6
-    assert kept == {"a": [2, 2], "b": [2, 2]}
+    assert kept["a"] == [[5.0, 5.0], [6.0, 6.0]]
     assert set_aside == [(4, 6)]
+
+
+def test_one_attempt_per_round_judges_nothing(monkeypatch):
+    taken = _scripted(monkeypatch, 1, [4.0, 4.0, 9.0, 9.0])
+    protocol = LatencyProtocol(
+        1, 16, 1, warmup=1, repeats=4, rounds=2, steady_within=0.1, steady_attempts=1
+    )
+    calls, kept, set_aside = _timed(protocol)
+    assert calls == "ab" + "aabb" + "aaabbb"
+    assert set_aside == [] and taken == []
+
+
+def test_rounds_timed_on_a_gpu_are_not_judged(monkeypatch):
+    taken = _scripted(monkeypatch, 1, [4.0, 4.0, 9.0, 9.0])
+    # The GPU clock (CUDA events) stood in for: a callable with a CUDA device is timed by it.
+    monkeypatch.setattr("tuner.latency._gpu_call_ms", lambda *_: 1.0)
+
+    def on_gpu(*_):
+        return None
+
+    on_gpu.device = torch.device("cuda")  # type: ignore[attr-defined]
+    protocol = LatencyProtocol(
+        1, 16, 1, warmup=1, repeats=4, rounds=2, steady_within=0.1, steady_attempts=3
+    )
+    timings = time_rounds({"gpu": on_gpu}, ExampleInputs((), (), {}), protocol)
+    assert timings == {"gpu": [[1.0, 1.0], [1.0, 1.0]]} and taken == []
+
+
+def test_the_floor_is_the_second_fastest_reading_so_one_freak_reading_does_not_set_it(
+    monkeypatch,
+):
+    reference = MachineReference()
+    script = iter([6.0, 3.0, 5.5, 5.0])
+    monkeypatch.setattr(reference, "_fastest_call_ms", lambda: next(script))
+    assert reference.floor_ms == float("inf")
+    reference.reading_ms()
+    assert reference.floor_ms == 6.0
+    reference.reading_ms()  # the freak 3.0
+    assert reference.floor_ms == 6.0
+    reference.reading_ms()
+    assert reference.floor_ms == 5.5
+    reference.reading_ms()
+    assert reference.floor_ms == 5.0
+
+
+def test_the_reference_is_built_without_moving_the_random_stream():
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    MachineReference().reading_ms()
+    assert torch.equal(torch.rand(3), expected)
 
 
 def test_without_steady_within_every_round_counts():
     protocol = LatencyProtocol(1, 16, 1, warmup=1, repeats=4, rounds=2, steady_within=None)
     calls, kept, set_aside = _timed(protocol)
     assert calls == "ab" + "aabb" + "aaabbb"
-    assert kept == {"a": [2, 2], "b": [2, 2]} and set_aside == []
+    assert [len(r) for r in kept["a"]] == [2, 2] and set_aside == []
 
 
 @pytest.mark.parametrize("within", [0.1, None])
 def test_the_protocol_reads_steadiness_from_the_config(within):
-    from omegaconf import OmegaConf
-
     cfg = OmegaConf.create(
         {
             "batch_size": 1,

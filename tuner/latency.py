@@ -22,6 +22,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -53,10 +54,10 @@ class LatencyProtocol:
             end of a run: front keys with fewer are timed again then (`tuner.retime`), so no
             front latency is one stretch of a shared machine's load.
         steady_within: a round counts as steady when the machine reference read, before and
-            after it, within this fraction of the fastest reading of the process
+            after it, within this fraction of the process's fastest readings
             (`tuner.steadiness`); None: every round counts, none is timed again.
         steady_attempts: rounds a measurement may time per round it keeps, to find steady
-            ones; where too few are, it keeps the steadiest.
+            ones; where too few are, it keeps the steadiest. 1: no round is judged.
     """
 
     batch_size: int
@@ -80,7 +81,7 @@ class LatencyProtocol:
     def calls_per_round(self) -> int:
         return max(1, self.repeats // max(1, self.rounds))
 
-    def record(self, prefix: str = "") -> dict[str, str | int]:
+    def record(self, prefix: str = "") -> dict[str, Any]:
         """The protocol and the machine it ran on, as recorded with every measurement."""
         values = {
             **asdict(self),
@@ -93,9 +94,9 @@ class LatencyProtocol:
 
 
 # How `LatencyProtocol.from_config` reads the fields that are no int.
-_FIELD_TYPES: dict[str, Callable[[object], object]] = {
+_FIELD_TYPES: dict[str, Callable[[Any], Any]] = {
     "statistic": str,
-    "steady_within": lambda value: None if value is None else float(value),  # type: ignore[arg-type]
+    "steady_within": lambda value: None if value is None else float(value),
 }
 
 
@@ -209,49 +210,54 @@ def time_rounds(
     on_set_aside: Callable[[int, int], None] | None = None,
 ) -> dict[str, list[list[float]]]:
     """Time every callable in interleaved rounds: `warmup` untimed calls each, then per round
-    one untimed call (its caches were the others' meanwhile) and `calls_per_round` timed ones,
-    each callable in turn. Returns name -> rounds of milliseconds.
+    `calls_per_round` timed calls each, in turn, each after one untimed call (its caches were
+    the others' meanwhile) where others ran since its last: before every round but the first,
+    or every round where the rounds are judged. Returns name -> rounds of milliseconds.
 
-    With `protocol.steady_within`, the machine reference is read between rounds and rounds
-    are timed until `rounds` of them are steady (`tuner.steadiness`), at most
+    Rounds are judged with `protocol.steady_within` and `steady_attempts` > 1 (and no
+    callable on a GPU): the machine reference is read before the first round and after each,
+    and rounds are timed until `rounds` of them are steady (`tuner.steadiness`), at most
     `steady_attempts` times as many; those are kept (or, short of them, the steadiest), and
     `on_set_aside(set aside, timed)` hears of the rounds that were not."""
     wanted = protocol.rounds if rounds is None else rounds
     clocks = {name: _clock_of(logits_of) for name, logits_of in callables.items()}
-    # A GPU's calls are not slowed by the CPU's spells the reference reads.
-    steadiness = protocol.steady_within
-    if any(clock is _gpu_call_ms for clock in clocks.values()):
-        steadiness = None
-    reference = reference_for(protocol.num_threads)
+    within = protocol.steady_within
+    # A GPU's time is not judged: the reference reads the CPU, whose spells reach a GPU's
+    # calls only through their launches; a study deploys on one kind of device.
+    if protocol.steady_attempts < 2 or any(c is _gpu_call_ms for c in clocks.values()):
+        within = None
+    reference = reference_for(protocol.num_threads) if within is not None else None
     readings: list[float] = []
     timed: list[dict[str, list[float]]] = []
+
+    def more_wanted() -> bool:
+        if len(timed) < wanted:
+            return True
+        if reference is None or within is None or len(timed) >= wanted * protocol.steady_attempts:
+            return False
+        return len(steady_rounds(readings, reference.floor_ms, within)) < wanted
+
     with pinned_threads(protocol.num_threads), torch.inference_mode():
         for logits_of in callables.values():
             for _ in range(protocol.warmup):
                 logits_of(*inputs.tensors)
-        if steadiness is not None:
+        if reference is not None:
             reference.reading_ms()  # its first calls build and warm it
             readings.append(reference.reading_ms())
-        while len(timed) < wanted or (
-            steadiness is not None
-            and len(steady_rounds(readings, reference.floor_ms, steadiness)) < wanted
-            and len(timed) < wanted * protocol.steady_attempts
-        ):
+        while more_wanted():
             one_round = {}
             for name, logits_of in callables.items():
-                # The reference ran in between, too, where it is read.
-                if steadiness is not None or (timed and len(callables) > 1):
+                if reference is not None or (timed and len(callables) > 1):
                     logits_of(*inputs.tensors)
                 clock = clocks[name]
                 calls = protocol.calls_per_round
                 one_round[name] = [clock(logits_of, inputs) for _ in range(calls)]
             timed.append(one_round)
-            if steadiness is not None:
+            if reference is not None:
                 readings.append(reference.reading_ms())
     kept = list(range(len(timed)))
-    if len(timed) > wanted:
-        assert steadiness is not None
-        kept = steady_rounds(readings, reference.floor_ms, steadiness)[:wanted]
+    if reference is not None and within is not None and len(timed) > wanted:
+        kept = steady_rounds(readings, reference.floor_ms, within)[:wanted]
         if len(kept) < wanted:
             kept = steadiest_rounds(readings, wanted)
         if on_set_aside is not None:

@@ -711,6 +711,8 @@ class Objective:
         if have == 0:
             return None
         if have < ctx.protocol.max_rounds:
+            # Judged as any round, silently: a line per backend's added round would bury the
+            # trial's own lines.
             timings = time_rounds({"": logits_of}, ctx.example, ctx.protocol, rounds=1)[""]
             record_session(ctx.storage, ctx.study_id, key, timings)
             table = table.adding(digest, timings)
@@ -739,7 +741,12 @@ class Objective:
             try:
                 timings = (
                     measured.get(backend)
-                    or time_rounds({backend: logits_of}, ctx.example, ctx.protocol)[backend]
+                    or time_rounds(
+                        {backend: logits_of},
+                        ctx.example,
+                        ctx.protocol,
+                        on_set_aside=console.rounds_set_aside,
+                    )[backend]
                 )
                 if key is None:
                     latency = LatencyResult.of_rounds(timings)
