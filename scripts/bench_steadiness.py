@@ -23,12 +23,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from retime_front import StudyFront, study_front
+from retime_front import study_front
 
-from tuner.backends import Logits
 from tuner.backends.cpu import isa_flags
 from tuner.latency import cpu_model, pinned_threads
-from tuner.steadiness import reference_for, steady_rounds
+from tuner.steadiness import fastest_call_ms, reference_for, steady_rounds
 
 # A window within this fraction of the point's fastest counts as near it.
 _NEAR = 0.10
@@ -58,7 +57,13 @@ def main(argv: list[str]) -> None:
             ends = time.monotonic() + args.seconds
             while time.monotonic() < ends:
                 windows.append(
-                    [_fastest_ms(rebuilt.loaded[label], front, args.calls) for label in labels]
+                    [
+                        fastest_call_ms(
+                            lambda call=rebuilt.loaded[label]: call(*front.example.tensors),
+                            args.calls,
+                        )
+                        for label in labels
+                    ]
                 )
                 readings.append(reference.reading_ms())
     steady = set(steady_rounds(readings, reference.floor_ms, within))
@@ -87,15 +92,6 @@ def main(argv: list[str]) -> None:
         )
     for label, reason in rebuilt.skipped.items():
         print(f"| {label} | not rebuilt: {reason} | - | - | - | - |")
-
-
-def _fastest_ms(logits_of: Logits, front: StudyFront, calls: int) -> float:
-    fastest = float("inf")
-    for _ in range(calls):
-        started = time.perf_counter()
-        logits_of(*front.example.tensors)
-        fastest = min(fastest, (time.perf_counter() - started) * 1000)
-    return fastest
 
 
 def _share(near: np.ndarray, among: np.ndarray) -> str:

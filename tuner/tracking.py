@@ -30,6 +30,14 @@ from tuner.training import EpochResult
 
 # MLflow caps a param value at 6000 characters.
 _PARAM_LIMIT = 6000
+# Run tags: where a point's logged model is, and why a point on the front has none.
+MODEL_URI_TAG = "tuner.model_uri"
+MODEL_ABSENT_TAG = "tuner.model_absent"
+MODEL_ERROR_TAG = "tuner.model_error"
+JOINED_LATER = (
+    "joined the front after it was made (a later measurement session raised another point's "
+    "latency); retrain it with its tuner.retrain command to deploy it"
+)
 
 
 def _params(values: Mapping[str, Any]) -> list[Param]:
@@ -258,23 +266,13 @@ class Tracker:
             wanted = "true" if number is not None and on_front.get(int(number), False) else "false"
             if run.data.tags.get("pareto") != wanted:
                 self.client.set_tag(run.info.run_id, "pareto", wanted)
-            tags = run.data.tags
-            if wanted == "true" and not {MODEL_URI_TAG, MODEL_ERROR_TAG, MODEL_ABSENT_TAG} & set(
-                tags
-            ):
-                # Under p50 a later session can raise a front point's latency and let a point
-                # on that was dominated when it was made, when models are logged.
+            said = {MODEL_URI_TAG, MODEL_ERROR_TAG, MODEL_ABSENT_TAG} & set(run.data.tags)
+            if wanted == "true" and not said:
+                # Models are logged for the points on the front when they are made; under p50
+                # a later session can raise a front latency and let on a point that was not.
                 self.client.set_tag(run.info.run_id, MODEL_ABSENT_TAG, JOINED_LATER)
 
 
-# Run tags: where a point's logged model is, and why a point on the front has none.
-MODEL_URI_TAG = "tuner.model_uri"
-MODEL_ABSENT_TAG = "tuner.model_absent"
-MODEL_ERROR_TAG = "tuner.model_error"
-JOINED_LATER = (
-    "joined the front after it was made (a later measurement session raised another point's "
-    "latency); retrain it with its tuner.retrain command to deploy it"
-)
 # A note that maps more keys than this is left to deploy/notes.json.
 _MAX_TAG_ENTRIES = 20
 
