@@ -274,7 +274,7 @@ def bench(args: argparse.Namespace) -> int:
                 f"{aside} of {timed} timed rounds set aside (deploy.latency.steady_within)",
                 file=sys.stderr,
             ),
-        )
+        ).rounds
         # What a study adds to every point after its timed calls, and what it finds.
         insight = {
             name: inspect(name.split()[0], row, example, cfg.deploy)

@@ -162,7 +162,8 @@ def measure(args: argparse.Namespace) -> None:
         name: BACKENDS.get(name).load(Path(artifact), deploy)
         for name, artifact in saved["artifacts"][args.variant_index].items()
     }
-    rounds = time_rounds(callables, saved["example"], LatencyProtocol.from_config(deploy.latency))
+    protocol = LatencyProtocol.from_config(deploy.latency)
+    rounds = time_rounds(callables, saved["example"], protocol).rounds
     print(json.dumps(rounds))
 
 

@@ -158,6 +158,26 @@ def stored_sessions(user_attrs: Mapping[str, Any]) -> dict[str, list[list[list[f
     return {digest: [rounds for _, rounds in sorted(s)] for digest, s in found.items()}
 
 
+def counted_sessions(user_attrs: Mapping[str, Any]) -> dict[str, list[list[list[float]]]]:
+    """Latency key digest -> the rounds of the sessions its latency pools, in time order,
+    worked out from the stored sessions: those not marked unsteady (`"steady": false`), or every
+    session where all are."""
+    found: dict[str, list[tuple[str, bool, list[list[float]]]]] = {}
+    for name, session in user_attrs.items():
+        if name.startswith("latency:"):
+            unsteady = session.get("steady") is False
+            found.setdefault(name.split(":")[1], []).append(
+                (session["at"], unsteady, session["rounds"])
+            )
+    counted = {}
+    for digest, sessions in found.items():
+        in_order = sorted(sessions)
+        counted[digest] = [rounds for _, unsteady, rounds in in_order if not unsteady] or [
+            rounds for _, _, rounds in in_order
+        ]
+    return counted
+
+
 def cli_command(cwd: Path, *args: str) -> list[str]:
     """`python -m tuner ARGS` with the Optuna and MLflow stores and Hydra's outputs in `cwd`."""
     return [

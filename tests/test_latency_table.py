@@ -102,7 +102,7 @@ def test_rounds_interleave_the_backends():
 
     protocol = LatencyProtocol(1, 16, 1, warmup=1, repeats=4, rounds=2, max_rounds=2)
     example = ExampleInputs((), (), {})
-    timings = time_rounds({"a": recorder("a"), "b": recorder("b")}, example, protocol)
+    timings = time_rounds({"a": recorder("a"), "b": recorder("b")}, example, protocol).rounds
     # Warm-up once each; then per round each in turn, 4 // 2 timed calls, with one untimed
     # call before each later round.
     assert "".join(calls) == "ab" + "aabb" + "aaabbb"
@@ -219,6 +219,39 @@ def test_sessions_of_one_key_pool_their_rounds_in_time_order(tmp_path):
     assert grown.session_count(digest_of(other)) == 2 and grown.round_count(digest_of(other)) == 3
 
 
+def test_a_key_s_latency_leaves_out_sessions_that_found_no_steady_rounds(tmp_path):
+    storage, study_id = _storage(tmp_path / "a.db")
+    key = latency_key(_model(), STRUCTURE, "eager", DEPLOY, PROTOCOL_RECORD)
+    spell = latency_key(_model(), STRUCTURE, "onnxruntime", DEPLOY, PROTOCOL_RECORD)
+    # The key: an unsteady session (a slow spell), a steady one, one not judged.
+    record_session(storage, study_id, key, [[10.0, 10.0]], steady=False)
+    record_session(storage, study_id, key, [[4.0, 4.0], [6.0, 6.0]], steady=True)
+    record_session(storage, study_id, key, [[5.0, 5.0]])
+    # The other key found steady rounds in none of its sessions.
+    record_session(storage, study_id, spell, [[9.0, 9.0]], steady=False)
+    record_session(storage, study_id, spell, [[7.0, 7.0], [8.0, 8.0]], steady=False)
+    attrs = storage.get_study_user_attrs(study_id)
+    flags = sorted(
+        (s["at"], s.get("steady", "absent")) for n, s in attrs.items() if n.startswith("latency:")
+    )
+    assert [flag for _, flag in flags] == [False, True, "absent", False, False]
+    table = LatencyTable.of_study(storage, study_id)
+    # The round medians that count: 4, 6 (steady) and 5 (not judged); the 10 is left out.
+    result = table.result(digest_of(key))
+    assert (result.p50_ms, result.rounds, result.max_ms) == (5.0, 3, 6.0)
+    assert table.round_count(digest_of(key)) == 4 and table.session_count(digest_of(key)) == 3
+    assert table.counting_session_count(digest_of(key)) == 2
+    # With no session that counts, every session is pooled: medians 9, 7, 8.
+    assert table.result(digest_of(spell)).p50_ms == 8.0
+    assert table.counting_session_count(digest_of(spell)) == 0
+    # A steady session added later is then all the latency rests on.
+    steadied = table.adding(digest_of(spell), [[3.0, 3.0]], steady=True)
+    assert steadied.result(digest_of(spell)).p50_ms == 3.0
+    assert steadied.counting_session_count(digest_of(spell)) == 1
+    # And an unsteady one does not move a latency that rests on steady sessions.
+    assert table.adding(digest_of(key), [[50.0]], steady=False).result(digest_of(key)) == result
+
+
 _WRITER = """
 import sys, optuna
 from omegaconf import OmegaConf
@@ -262,7 +295,7 @@ def model(*_):
         Path(sys.argv[2]).touch()
         time.sleep(60)
 protocol = LatencyProtocol(1, 16, 1, warmup=0, repeats=4, rounds=4, max_rounds=4)
-rounds = time_rounds({"eager": model}, ExampleInputs((), (), {}), protocol)
+rounds = time_rounds({"eager": model}, ExampleInputs((), (), {}), protocol).rounds
 key = latency_key(OmegaConf.create({"family": "timm"}), [], "eager", OmegaConf.create({}), {})
 record_session(storage, study_id, key, rounds["eager"])
 """

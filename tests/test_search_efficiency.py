@@ -4,11 +4,14 @@ the learning curves are known in advance (lr 1e-9 learns nothing; equal params t
 
 from __future__ import annotations
 
+import statistics
+
 import optuna
 import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
+import tuner.study
 from tuner.backends import BACKENDS, Backend
 from tuner.backends.torch_files import export_weights, load_weights
 from tuner.config import compose_config, with_params
@@ -20,6 +23,7 @@ from tuner.latency_table import LatencyTable
 from tuner.models import build_model
 from tuner.retrain import override_keys
 from tuner.samplers import SAMPLERS
+from tuner.steadiness import MachineReference
 from tuner.study import modality_for, prepare, run_study
 from tuner.training import batch_loss, initialise_new_layers, train
 
@@ -115,7 +119,9 @@ def _run_of(client: MlflowClient, trial: optuna.trial.FrozenTrial):
 
 
 def test_without_a_budget_or_early_stopping_the_trained_artifacts_are_timed(study_dir, capsys):
-    study, _ = _run(study_dir, [0.003, 0.003])
+    # The trials' own measurements are what is looked at: no session at the end of the run
+    # (it would add one where a trial's found no steady rounds).
+    study, _ = _run(study_dir, [0.003, 0.003], "deploy.latency.front_sessions=1")
     # Nothing needed the latencies before training, so nothing was converted for them.
     assert "latency before training" not in capsys.readouterr().out
     first, second = study.get_trials()
@@ -202,12 +208,14 @@ def test_a_configuration_over_the_latency_budget_is_not_trained(study_dir):
 def test_a_curve_that_cannot_reach_the_front_is_stopped_and_one_that_can_goes_on(study_dir):
     # Two equal trials set the front and the gain still to come; lr 1e-9 stays near chance;
     # the last repeats the first trial, so its curve is the one that made the front.
+    # The trials' own rounds are counted below: no session at the end of the run.
     study, client = _run(
         study_dir,
         [0.003, 0.003, 1e-9, 0.003],
         "train.epochs=3",
         "study.n_trials=4",
         "study.pruning.enabled=true",
+        "deploy.latency.front_sessions=1",
     )
     trials = study.get_trials()
     states = [t.state for t in trials]
@@ -242,9 +250,87 @@ def test_a_curve_that_cannot_reach_the_front_is_stopped_and_one_that_can_goes_on
 
     # A resume reuses the table: nothing is measured before training, one round is added.
     study, _ = _run(
-        study_dir, [0.003], "train.epochs=3", "study.n_trials=5", "study.pruning.enabled=true"
+        study_dir,
+        [0.003],
+        "train.epochs=3",
+        "study.n_trials=5",
+        "study.pruning.enabled=true",
+        "deploy.latency.front_sessions=1",
     )
     table = LatencyTable.of_attrs(study.user_attrs)
     (rounds,) = table.rounds.values()
     assert len(rounds) == 5 + 4
     assert study.get_trials()[-1].state == TrialState.COMPLETE
+
+
+def _slow_spell(monkeypatch, ends_before_the_front_is_confirmed: bool) -> None:
+    """The machine reference reads its floor (5 ms) twice, then a slow spell (9 ms) through
+    every trial; the spell ends as the front's confirmation starts, or lasts through it."""
+    spell = {"on": True}
+    readings = iter([5.0, 5.0])
+    reference = MachineReference()
+    monkeypatch.setattr(
+        reference, "_fastest_call_ms", lambda: next(readings, 9.0 if spell["on"] else 5.0)
+    )
+    monkeypatch.setattr("tuner.latency.reference_for", lambda num_threads: reference)
+    # No wait for the spell to pass: it does not, or has already.
+    monkeypatch.setattr("tuner.retime._STEADY_WAIT_SECONDS", 0.0)
+    confirm_front = tuner.study.confirm_front
+
+    def spell_ends_first(*args, **kwargs):
+        spell["on"] = not ends_before_the_front_is_confirmed
+        return confirm_front(*args, **kwargs)
+
+    monkeypatch.setattr("tuner.study.confirm_front", spell_ends_first)
+
+
+def _study_through_a_spell(study_dir, monkeypatch, ends_before_the_front_is_confirmed: bool):
+    """Two trials of one architecture through a slow spell (`_slow_spell`): the study, its
+    MLflow client, and its one key's sessions in time order, read straight from its
+    attributes: 5 rounds on the first trained model, 1 added by the second, then the
+    confirmation's two sessions (front_sessions=2: the trials' found no steady rounds)."""
+    _slow_spell(monkeypatch, ends_before_the_front_is_confirmed)
+    study, client = _run(study_dir, [0.003, 0.003])
+    found = [s for n, s in study.user_attrs.items() if n.startswith("latency:")]
+    sessions = sorted(found, key=lambda s: s["at"])
+    assert [len(s["rounds"]) for s in sessions] == [5, 1, 5, 5]
+    return study, client, sessions
+
+
+def test_a_slow_spell_through_the_trials_is_left_out_once_the_front_finds_steady_rounds(
+    study_dir, monkeypatch, capsys
+):
+    study, client, sessions = _study_through_a_spell(study_dir, monkeypatch, True)
+    assert [s["steady"] for s in sessions] == [False, False, True, True]
+    # The front's latency is the steady sessions' alone: the median of their rounds' medians.
+    medians = [statistics.median(r) for s in sessions[2:] for r in s["rounds"]]
+    first, second = study.get_trials()
+    table = LatencyTable.of_attrs(study.user_attrs)
+    latency = table.result(first.user_attrs["latency_key"])
+    assert latency.rounds == 10
+    assert latency.p50_ms == pytest.approx(statistics.median(medians))
+    assert {p.latency_ms for p in study_points(study)} == {latency.p50_ms}
+    # Both points' runs show it.
+    for trial in (first, second):
+        logged = _run_of(client, trial).data.metrics
+        assert logged["latency_ms_p50"] == pytest.approx(latency.p50_ms)
+        assert logged["latency_rounds"] == 10
+    out = capsys.readouterr().out
+    assert "(no steady rounds: the steadiest)" not in out
+    assert "found steady rounds" not in out
+
+
+def test_a_spell_through_the_confirmation_too_is_timed_front_sessions_times_and_said(
+    study_dir, monkeypatch, capsys
+):
+    study, _, sessions = _study_through_a_spell(study_dir, monkeypatch, False)
+    # Timed twice by the confirmation, at most (front_sessions=2), and never steady: the
+    # latency pools every session (the steadiest rounds of each).
+    assert [s["steady"] for s in sessions] == [False] * 4
+    medians = [statistics.median(r) for s in sessions for r in s["rounds"]]
+    (point, _) = study_points(study)
+    assert point.latency_ms == pytest.approx(statistics.median(medians))
+    out = capsys.readouterr().out
+    assert out.count("(no steady rounds: the steadiest)") == 2
+    assert "the machine reference read no steady stretch in 0 s" in out
+    assert "0 of its 4 sessions found steady rounds; its latency pools all of them" in out

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import resource
+import subprocess
+import sys
+import time
+
 import pytest
 import torch
+from conftest import REPO
 from omegaconf import OmegaConf
 
 from tuner.backends import ExampleInputs
-from tuner.latency import LatencyProtocol, time_rounds
+from tuner.latency import LatencyProtocol, time_rounds, wait_for_steady
 from tuner.steadiness import _REFERENCES, MachineReference, steadiest_rounds, steady_rounds
 
 
@@ -29,7 +35,7 @@ def test_short_of_steady_rounds_the_steadiest_are_kept_in_time_order():
 
 def _timed(protocol: LatencyProtocol):
     """Two recording callables timed under `protocol`: the order of their calls, the rounds
-    kept per callable, and what `on_set_aside` heard."""
+    kept per callable, what `on_set_aside` heard, and whether the kept rounds were steady."""
     calls: list[str] = []
 
     def recorder(name):
@@ -45,7 +51,7 @@ def _timed(protocol: LatencyProtocol):
         protocol,
         on_set_aside=lambda *n: set_aside.append(n),
     )
-    return "".join(calls), timings, set_aside
+    return "".join(calls), timings.rounds, set_aside, timings.steady
 
 
 def test_on_a_steady_machine_the_planned_rounds_are_all_that_are_timed():
@@ -53,12 +59,12 @@ def test_on_a_steady_machine_the_planned_rounds_are_all_that_are_timed():
     protocol = LatencyProtocol(
         1, 16, 1, warmup=1, repeats=4, rounds=2, steady_within=1000.0, steady_attempts=3
     )
-    calls, kept, set_aside = _timed(protocol)
+    calls, kept, set_aside, steady = _timed(protocol)
     # Warm-up once each; then per round each in turn, one untimed call (the reference ran
     # before it) and 4 // 2 timed ones.
     assert calls == "ab" + "aaabbb" * 2
     assert [len(r) for r in kept["a"]] == [2, 2] and [len(r) for r in kept["b"]] == [2, 2]
-    assert set_aside == []
+    assert set_aside == [] and steady is True
 
 
 def _scripted(monkeypatch, num_threads: int, readings: list[float]) -> list[float]:
@@ -97,10 +103,10 @@ def test_in_a_slow_spell_more_rounds_are_timed_and_the_steady_ones_kept(monkeypa
     protocol = LatencyProtocol(
         1, 16, 1, warmup=1, repeats=4, rounds=2, steady_within=0.1, steady_attempts=3
     )
-    calls, kept, set_aside = _timed(protocol)
+    calls, kept, set_aside, steady = _timed(protocol)
     assert calls == "ab" + "aaabbb" * 4
     assert kept == {"a": [[4.0, 4.0], [5.0, 5.0]], "b": [[4.0, 4.0], [5.0, 5.0]]}
-    assert set_aside == [(2, 4)]
+    assert set_aside == [(2, 4)] and steady is True
     assert len(taken) == 6
 
 
@@ -113,11 +119,12 @@ def test_short_of_steady_rounds_a_measurement_stops_at_its_attempts(monkeypatch)
     protocol = LatencyProtocol(
         1, 16, 1, warmup=1, repeats=4, rounds=2, steady_within=0.1, steady_attempts=3
     )
-    calls, kept, set_aside = _timed(protocol)
-    # steady_attempts (3) times the planned 2 rounds are timed, the steadiest 2 kept.
+    calls, kept, set_aside, steady = _timed(protocol)
+    # steady_attempts (3) times the planned 2 rounds are timed, the steadiest 2 kept: they are
+    # no steady rounds.
     assert calls == "ab" + "aaabbb" * 6
     assert kept["a"] == [[5.0, 5.0], [6.0, 6.0]]
-    assert set_aside == [(4, 6)]
+    assert set_aside == [(4, 6)] and steady is False
 
 
 def test_one_attempt_per_round_judges_nothing(monkeypatch):
@@ -125,9 +132,9 @@ def test_one_attempt_per_round_judges_nothing(monkeypatch):
     protocol = LatencyProtocol(
         1, 16, 1, warmup=1, repeats=4, rounds=2, steady_within=0.1, steady_attempts=1
     )
-    calls, kept, set_aside = _timed(protocol)
+    calls, kept, set_aside, steady = _timed(protocol)
     assert calls == "ab" + "aabb" + "aaabbb"
-    assert set_aside == [] and taken == []
+    assert set_aside == [] and taken == [] and steady is None
 
 
 def test_rounds_timed_on_a_gpu_are_not_judged(monkeypatch):
@@ -143,7 +150,8 @@ def test_rounds_timed_on_a_gpu_are_not_judged(monkeypatch):
         1, 16, 1, warmup=1, repeats=4, rounds=2, steady_within=0.1, steady_attempts=3
     )
     timings = time_rounds({"gpu": on_gpu}, ExampleInputs((), (), {}), protocol)
-    assert timings == {"gpu": [[1.0, 1.0], [1.0, 1.0]]} and taken == []
+    assert timings.rounds == {"gpu": [[1.0, 1.0], [1.0, 1.0]]} and taken == []
+    assert timings.steady is None
 
 
 def test_the_floor_is_the_second_fastest_reading_so_one_freak_reading_does_not_set_it(
@@ -173,9 +181,9 @@ def test_the_reference_is_built_without_moving_the_random_stream():
 
 def test_without_steady_within_every_round_counts():
     protocol = LatencyProtocol(1, 16, 1, warmup=1, repeats=4, rounds=2, steady_within=None)
-    calls, kept, set_aside = _timed(protocol)
+    calls, kept, set_aside, steady = _timed(protocol)
     assert calls == "ab" + "aabb" + "aaabbb"
-    assert [len(r) for r in kept["a"]] == [2, 2] and set_aside == []
+    assert [len(r) for r in kept["a"]] == [2, 2] and set_aside == [] and steady is None
 
 
 @pytest.mark.parametrize("within", [0.1, None])
@@ -195,3 +203,55 @@ def test_the_protocol_reads_steadiness_from_the_config(within):
     protocol = LatencyProtocol.from_config(cfg)
     assert protocol.steady_within == within and protocol.steady_attempts == 3
     assert protocol.statistic == "min"
+
+
+def test_waiting_for_steady_reads_the_reference_until_a_spell_passes(monkeypatch):
+    # Floor 5.0 (the first two readings); within 10% is <= 5.5: the spell reads 9 and 8.
+    taken = _scripted(monkeypatch, 1, [5.0, 5.0, 9.0, 8.0, 5.2, 9.0])
+    reference = _REFERENCES[1]
+    reference.reading_ms(), reference.reading_ms()
+    protocol = LatencyProtocol(
+        1, 16, 1, warmup=1, repeats=4, rounds=2, steady_within=0.1, steady_attempts=3
+    )
+    waited = wait_for_steady(protocol, timeout_s=60.0, poll_s=0.0)
+    assert waited is not None and 0.0 <= waited < 60.0
+    assert taken == [5.0, 5.0, 9.0, 8.0, 5.2]
+    # A spell that outlasts the timeout: one reading, then None.
+    assert wait_for_steady(protocol, timeout_s=1.0, poll_s=2.0) is None
+    assert taken[-1] == 9.0 and len(taken) == 6
+
+
+def test_nothing_is_waited_for_where_rounds_are_not_judged(monkeypatch):
+    taken = _scripted(monkeypatch, 1, [9.0])
+    for within, attempts in ((None, 3), (0.1, 1)):
+        protocol = LatencyProtocol(
+            1, 16, 1, warmup=1, repeats=4, steady_within=within, steady_attempts=attempts
+        )
+        assert wait_for_steady(protocol, timeout_s=60.0) == 0.0
+    assert taken == []
+
+
+def test_the_noisy_neighbour_keeps_a_core_busy_in_its_spells_only():
+    script = str(REPO / "scripts" / "noisy_neighbour.py")
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, script, "--seconds", "3", "--on", "1", "--off", "0.5"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    took = time.monotonic() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    assert done.returncode == 0, done.stderr
+    # Spells at 0-1 s and 1.5-2.5 s, each start and end printed with its time.
+    lines = [line.rsplit(" at ", 1) for line in done.stdout.splitlines()]
+    assert [what for what, _ in lines] == ["spell on", "spell off"] * 2
+    at = [float(when.removesuffix(" s")) for _, when in lines]
+    assert at == pytest.approx([0.0, 1.0, 1.5, 2.5], abs=0.3)
+    busy = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+    assert 1.2 < busy < took
+    refused = subprocess.run(
+        [sys.executable, script, "--seconds", "3", "--on", "0"], capture_output=True, text=True
+    )
+    assert refused.returncode == 2 and "--on 0.0: must be > 0" in refused.stderr

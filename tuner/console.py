@@ -139,16 +139,37 @@ def confirming_front(keys: int, sessions: int) -> None:
 
 
 def confirmed(confirmations: Sequence[Confirmation], statistic: str) -> None:
-    """One line per key timed again: its latency before, this session's, and the two pooled."""
+    """One line per key timed again: its latency before, this session's, and the latency over
+    the sessions that count."""
     for done in confirmations:
         before, session, after = (
             r.ranked_ms(statistic) for r in (done.before, done.session, done.after)
         )
+        unsteady = " (no steady rounds: the steadiest)" if done.steady is False else ""
         console.print(
             f"  {done.label:<32} {statistic} {before:.2f} ms, this session {session:.2f} ms "
-            f"({100 * (session - before) / before:+.1f}%) -> {after:.2f} ms "
+            f"({100 * (session - before) / before:+.1f}%){unsteady} -> {after:.2f} ms "
             f"({done.after.rounds} rounds)"
         )
+
+
+def waited_for_steady(waited_s: float | None, timeout_s: float) -> None:
+    """Said only where the confirmation had to wait for a slow spell to pass."""
+    if waited_s is None:
+        console.print(
+            f"  [yellow]the machine reference read no steady stretch in {timeout_s:.0f} s; "
+            "timing again in the spell[/]"
+        )
+    elif waited_s >= 1.0:
+        console.print(f"  [dim]waited {waited_s:.0f} s for a slow spell to pass[/]")
+
+
+def short_of_steady_sessions(label: str, counting: int, sessions: int) -> None:
+    console.print(
+        f"  [yellow]{label}: {counting} of its {sessions} sessions found steady rounds; its "
+        f"latency pools {'those' if counting else 'all of them (the steadiest rounds of each)'}"
+        "[/]"
+    )
 
 
 def waiting_for_front_confirmation() -> None:

@@ -32,7 +32,7 @@ from tuner.backends.base import ExampleInputs
 from tuner.backends.cpu import isa_flags
 from tuner.devices import gpu_index
 from tuner.registry import Registry
-from tuner.steadiness import reference_for, steadiest_rounds, steady_rounds
+from tuner.steadiness import near_floor, reference_for, steadiest_rounds, steady_rounds
 
 STATISTIC_KEY = "deploy.latency.statistic"
 # The statistic of code given none, and of studies made before it was a setting.
@@ -202,17 +202,26 @@ def pinned_threads(num_threads: int) -> Iterator[None]:
         torch.set_num_threads(previous)
 
 
+@dataclass(frozen=True)
+class Timed:
+    """What `time_rounds` kept: name -> rounds of milliseconds, and whether those rounds were
+    steady (True), the steadiest of too few steady ones (False), or not judged (None)."""
+
+    rounds: dict[str, list[list[float]]]
+    steady: bool | None = None
+
+
 def time_rounds(
     callables: Mapping[str, Callable[..., torch.Tensor]],
     inputs: ExampleInputs,
     protocol: LatencyProtocol,
     rounds: int | None = None,
     on_set_aside: Callable[[int, int], None] | None = None,
-) -> dict[str, list[list[float]]]:
+) -> Timed:
     """Time every callable in interleaved rounds: `warmup` untimed calls each, then per round
     `calls_per_round` timed calls each, in turn, each after one untimed call (its caches were
     the others' meanwhile) where others ran since its last: before every round but the first,
-    or every round where the rounds are judged. Returns name -> rounds of milliseconds.
+    or every round where the rounds are judged.
 
     Rounds are judged with `protocol.steady_within` and `steady_attempts` > 1 (and no
     callable on a GPU): the machine reference is read before the first round and after each,
@@ -255,14 +264,37 @@ def time_rounds(
             timed.append(one_round)
             if reference is not None:
                 readings.append(reference.reading_ms())
-    kept = list(range(len(timed)))
-    if reference is not None and within is not None and len(timed) > wanted:
-        kept = steady_rounds(readings, reference.floor_ms, within)[:wanted]
-        if len(kept) < wanted:
-            kept = steadiest_rounds(readings, wanted)
-        if on_set_aside is not None:
-            on_set_aside(len(timed) - wanted, len(timed))
-    return {name: [timed[i][name] for i in kept] for name in callables}
+    kept, steady = list(range(len(timed))), None
+    if reference is not None and within is not None:
+        # Rounds timed beyond those wanted were timed because too few were steady.
+        steady = len(timed) == wanted
+        if not steady:
+            kept = steady_rounds(readings, reference.floor_ms, within)[:wanted]
+            steady = len(kept) == wanted
+            if not steady:
+                kept = steadiest_rounds(readings, wanted)
+            if on_set_aside is not None:
+                on_set_aside(len(timed) - wanted, len(timed))
+    return Timed({name: [timed[i][name] for i in kept] for name in callables}, steady)
+
+
+def wait_for_steady(
+    protocol: LatencyProtocol, timeout_s: float, poll_s: float = 2.0
+) -> float | None:
+    """Read the machine reference every `poll_s` seconds until it reads within
+    `protocol.steady_within` of its floor, for at most `timeout_s`: the seconds waited, or None
+    where no reading was. Nothing is waited for where rounds are not judged."""
+    within = protocol.steady_within
+    if within is None or protocol.steady_attempts < 2:
+        return 0.0
+    reference = reference_for(protocol.num_threads)
+    started = time.monotonic()
+    with pinned_threads(protocol.num_threads), torch.inference_mode():
+        while not near_floor(reference.reading_ms(), reference.floor_ms, within):
+            if time.monotonic() - started + poll_s > timeout_s:
+                return None
+            time.sleep(poll_s)
+    return time.monotonic() - started
 
 
 Clock = Callable[[Callable[..., torch.Tensor], ExampleInputs], float]
@@ -329,4 +361,4 @@ def measure_latency(
     protocol: LatencyProtocol,
 ) -> LatencyResult:
     """One callable under the protocol."""
-    return LatencyResult.of_rounds(time_rounds({"": logits_of}, inputs, protocol)[""])
+    return LatencyResult.of_rounds(time_rounds({"": logits_of}, inputs, protocol).rounds[""])

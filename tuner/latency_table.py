@@ -10,10 +10,11 @@ follows the trained weights (`Backend.graph_from_weights`) has no key: each of i
 timed on its own.
 
 The table lives in the study's own storage as Optuna study user attributes, one per measurement
-session (`latency:<key digest>:<session>`, its rounds), each written once, whole, after its last
-round: a worker that dies mid-measurement leaves nothing half-done, and two workers measuring one
-key at once both add their rounds instead of overwriting each other. What a digest stands for is
-written beside them once (`latency-key:<key digest>`), for people reading the study.
+session (`latency:<key digest>:<session>`: its rounds, whether they were steady), each written
+once, whole, after its last round: a worker that dies mid-measurement leaves nothing half-done,
+and two workers measuring one key at once both add their rounds instead of overwriting each
+other. What a digest stands for is written beside them once (`latency-key:<key digest>`), for
+people reading the study.
 """
 
 from __future__ import annotations
@@ -107,59 +108,98 @@ def digest_of(key: Mapping[str, Any]) -> str:
 
 
 @dataclass(frozen=True)
-class LatencyTable:
-    """The measured rounds of every key of a study, as read at one moment, and the statistic
-    the study ranks latency by (`deploy.latency.statistic`, a study setting)."""
+class Session:
+    """One measurement session of a key: its rounds, and whether they were steady (True), the
+    steadiest of too few steady ones (False), or not judged (None: steadiness off, or a study
+    recorded before it was judged)."""
 
-    rounds: dict[str, list[list[float]]] = field(default_factory=dict)
+    rounds: list[list[float]]
+    steady: bool | None = None
+
+    @property
+    def counts(self) -> bool:
+        """Whether a latency may rest on it beside sessions of steady rounds."""
+        return self.steady is not False
+
+
+@dataclass(frozen=True)
+class LatencyTable:
+    """The measurement sessions of every key of a study (digest -> sessions in time order), as
+    read at one moment, and the statistic the study ranks latency by
+    (`deploy.latency.statistic`, a study setting).
+
+    A key's latency pools the rounds of its sessions that count: those whose rounds were steady
+    or not judged. A session that found too few steady rounds is left out of it once the key
+    has one that counts, as a slow round is left out of a session; while the key has none, it
+    pools every session."""
+
+    sessions: dict[str, list[Session]] = field(default_factory=dict)
     statistic: str = DEFAULT_STATISTIC
-    # Digest -> how many measurement sessions its rounds come from.
-    sessions: dict[str, int] = field(default_factory=dict)
 
     @classmethod
     def of_attrs(cls, user_attrs: Mapping[str, Any]) -> LatencyTable:
-        """Pool the sessions of each key; sessions in time order, so rounds are too. The
-        statistic is the study's stored one (the default for a study that stores no settings)."""
-        sessions: dict[str, list[tuple[str, list[list[float]]]]] = {}
+        """Every key's sessions, in time order. The statistic is the study's stored one (the
+        default for a study that stores no settings)."""
+        found: dict[str, list[tuple[str, Session]]] = {}
         for name, session in user_attrs.items():
             if not name.startswith(_PREFIX) or not isinstance(session, dict):
                 continue
             digest = name[len(_PREFIX) :].split(":", 1)[0]
-            sessions.setdefault(digest, []).append((str(session.get("at", "")), session["rounds"]))
+            found.setdefault(digest, []).append(
+                (str(session.get("at", "")), Session(session["rounds"], session.get("steady")))
+            )
         settings = settings_in(user_attrs) or {}
         return cls(
             {
-                digest: [r for _, rounds in sorted(found, key=lambda s: s[0]) for r in rounds]
-                for digest, found in sessions.items()
+                digest: [s for _, s in sorted(timed, key=lambda t: t[0])]
+                for digest, timed in found.items()
             },
             str(settings.get(STATISTIC_KEY, DEFAULT_STATISTIC)),
-            {digest: len(found) for digest, found in sessions.items()},
         )
 
     @classmethod
     def of_study(cls, storage: optuna.storages.BaseStorage, study_id: int) -> LatencyTable:
         return cls.of_attrs(storage.get_study_user_attrs(study_id))
 
+    @property
+    def rounds(self) -> dict[str, list[list[float]]]:
+        """Digest -> every round of its sessions, in time order (what the key's measurement has
+        grown to, counted or not)."""
+        return {
+            digest: [r for session in found for r in session.rounds]
+            for digest, found in self.sessions.items()
+        }
+
     def result(self, digest: str | None) -> LatencyResult | None:
-        """The key's latency, or None while it has not been measured."""
-        rounds = self.rounds.get(digest or "")
+        """The key's latency over the sessions that count, or None while it has not been
+        measured."""
+        rounds = [r for session in self.counted(digest or "") for r in session.rounds]
         return LatencyResult.of_rounds(rounds) if rounds else None
 
-    def adding(self, digest: str, rounds: Sequence[Sequence[float]]) -> LatencyTable:
+    def counted(self, digest: str) -> list[Session]:
+        """The sessions the key's latency rests on."""
+        found = self.sessions.get(digest, [])
+        return [s for s in found if s.counts] or found
+
+    def adding(
+        self, digest: str, rounds: Sequence[Sequence[float]], steady: bool | None = None
+    ) -> LatencyTable:
         """This table with a session of `rounds` of `digest` added, as it reads once it is
         recorded (no second read of the storage)."""
-        added = [list(r) for r in rounds]
+        added = Session([list(r) for r in rounds], steady)
         return replace(
-            self,
-            rounds={**self.rounds, digest: [*self.rounds.get(digest, []), *added]},
-            sessions={**self.sessions, digest: self.session_count(digest) + 1},
+            self, sessions={**self.sessions, digest: [*self.sessions.get(digest, []), added]}
         )
 
     def round_count(self, digest: str) -> int:
-        return len(self.rounds.get(digest, []))
+        return sum(len(s.rounds) for s in self.sessions.get(digest, []))
 
     def session_count(self, digest: str) -> int:
-        return self.sessions.get(digest, 0)
+        return len(self.sessions.get(digest, []))
+
+    def counting_session_count(self, digest: str) -> int:
+        """The key's sessions whose rounds were steady or not judged."""
+        return sum(s.counts for s in self.sessions.get(digest, []))
 
 
 def record_session(
@@ -167,14 +207,18 @@ def record_session(
     study_id: int,
     key: Mapping[str, Any],
     rounds: Sequence[Sequence[float]],
+    steady: bool | None = None,
 ) -> None:
-    """Add one finished measurement session of `key` to the study's table."""
+    """Add one finished measurement session of `key` to the study's table, with whether its
+    rounds were steady (`Timed.steady`; not written where they were not judged)."""
     now = datetime.datetime.now(datetime.UTC).isoformat(timespec="microseconds")
-    session = {
+    session: dict[str, Any] = {
         "rounds": [[round(value, 4) for value in r] for r in rounds],
         "at": now,
         "worker": f"{socket.gethostname()}:{os.getpid()}",
     }
+    if steady is not None:
+        session["steady"] = steady
     digest = digest_of(key)
     # The same value whoever writes it: a race between workers changes nothing.
     storage.set_study_user_attr(study_id, f"{_KEY_PREFIX}{digest}", dict(key))

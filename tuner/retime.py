@@ -15,6 +15,7 @@ import datetime
 import tempfile
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -31,7 +32,7 @@ from tuner.config import with_params
 from tuner.constraints import Constraints
 from tuner.deploy import convert_into
 from tuner.front import LATENCY_KEY_ATTR, points_of
-from tuner.latency import LatencyProtocol, LatencyResult, time_rounds
+from tuner.latency import LatencyProtocol, LatencyResult, Timed, time_rounds, wait_for_steady
 from tuner.latency_table import (
     LatencyTable,
     digest_of,
@@ -47,6 +48,9 @@ from tuner.trial import ModelFactory, untrained_model
 _CLAIM_PREFIX = "front-confirmation:"
 # A claim this old was left by a worker that died holding it.
 _CLAIM_EXPIRES = datetime.timedelta(minutes=30)
+# How long a confirmation waits for a slow spell to pass before timing keys again that found
+# no steady rounds: spells last seconds to minutes (docs/benchmarks.md, "Steady rounds").
+_STEADY_WAIT_SECONDS = 60.0
 
 
 @dataclass(frozen=True)
@@ -143,12 +147,14 @@ def target_of(trial: optuna.trial.FrozenTrial, backend: str) -> Target:
 @dataclass(frozen=True)
 class Confirmation:
     """A latency key timed again by `confirm_front`: its latency before and after the session
-    was added (by the study's statistic), and the session alone."""
+    was added (by the study's statistic), the session alone, and whether its rounds were
+    steady (`Timed.steady`)."""
 
     label: str
     before: LatencyResult
     session: LatencyResult
     after: LatencyResult
+    steady: bool | None
 
 
 def confirm_front(
@@ -157,21 +163,30 @@ def confirm_front(
     protocol: LatencyProtocol,
     constraints: Constraints,
 ) -> list[Confirmation]:
-    """Time each front latency key that rests on fewer than `protocol.front_sessions` sessions
-    again, its architectures interleaved, and add the sessions to the study's table; the front
-    is drawn again after each pass (a latency that rose can let another point onto it) until
-    every front key has its sessions or could not be timed here (said, and left as it was)."""
+    """Time each front latency key with fewer than `protocol.front_sessions` sessions that
+    count (`LatencyTable.counted`: steady or not judged) again, its architectures
+    interleaved, and add the sessions to the study's table; the front is drawn again after each
+    pass (a latency that moved can let another point onto it) until every front key has its
+    sessions, could not be timed here (said, and left as it was), or has been timed
+    `front_sessions` times by this run (said where its sessions still found too few steady
+    rounds). A key timed again waits first for the machine reference to read steady
+    (`wait_for_steady`), at most `_STEADY_WAIT_SECONDS`."""
     storage, study_id = storage_of(study), study_id_of(study)
     confirmed: list[Confirmation] = []
     given_up: set[str] = set()
+    timed_here: Counter[str] = Counter()
     while True:
         trials = study.get_trials(deepcopy=False)
         table = LatencyTable.of_study(storage, study_id)
         due = _due(trials, table, constraints, protocol.front_sessions, given_up)
         if not due:
             return confirmed
+        if any(timed_here[target.digest or ""] for target in due):
+            console.waited_for_steady(
+                wait_for_steady(protocol, _STEADY_WAIT_SECONDS), _STEADY_WAIT_SECONDS
+            )
         console.confirming_front(len(due), protocol.front_sessions)
-        measured: dict[str, list[list[float]]] = {}
+        measured = Timed({})
         with tempfile.TemporaryDirectory(prefix="tuner-confirm-") as workdir:
             rebuilt = rebuilder.rebuild(due, Path(workdir))
             skipped = dict(rebuilt.skipped)
@@ -188,22 +203,40 @@ def confirm_front(
                     dict.fromkeys(rebuilt.loaded, f"timing failed: {type(exc).__name__}: {exc}")
                 )
         this_pass = []
+        # Label -> (sessions that count, sessions) of keys left short of steady ones.
+        short: dict[str, tuple[int, int]] = {}
         for target in due:
             assert target.digest is not None
-            if target.label not in measured:
+            if target.label not in measured.rounds:
                 given_up.add(target.digest)
                 console.not_confirmed(target.label, skipped[target.label])
                 continue
-            rounds = measured[target.label]
-            record_session(storage, study_id, rebuilt.keys[target.label], rounds)
+            rounds = measured.rounds[target.label]
+            record_session(storage, study_id, rebuilt.keys[target.label], rounds, measured.steady)
             before = table.result(target.digest)
             assert before is not None
-            after = table.adding(target.digest, rounds).result(target.digest)
+            added = table.adding(target.digest, rounds, measured.steady)
+            after = added.result(target.digest)
             assert after is not None
             this_pass.append(
-                Confirmation(target.label, before, LatencyResult.of_rounds(rounds), after)
+                Confirmation(
+                    target.label,
+                    before,
+                    LatencyResult.of_rounds(rounds),
+                    after,
+                    measured.steady,
+                )
             )
+            timed_here[target.digest] += 1
+            # A run times a key at most `front_sessions` times, whatever the machine does.
+            if timed_here[target.digest] >= protocol.front_sessions:
+                given_up.add(target.digest)
+                counting = added.counting_session_count(target.digest)
+                if counting < protocol.front_sessions:
+                    short[target.label] = (counting, added.session_count(target.digest))
         console.confirmed(this_pass, table.statistic)
+        for label, (counting, sessions) in short.items():
+            console.short_of_steady_sessions(label, counting, sessions)
         confirmed += this_pass
 
 
@@ -247,7 +280,8 @@ def _due(
     sessions: int,
     given_up: set[str],
 ) -> list[Target]:
-    """One target per front latency key with fewer than `sessions` sessions."""
+    """One target per front latency key with fewer than `sessions` sessions that count (and
+    one at least: a key with none has never been timed)."""
     points = points_of(trials, constraints, table)
     by_number = {t.number: t for t in trials}
     due: dict[str, Target] = {}
@@ -258,7 +292,8 @@ def _due(
             and target.digest
             and target.digest not in due
             and target.digest not in given_up
-            and 0 < table.session_count(target.digest) < sessions
+            and table.session_count(target.digest) > 0
+            and table.counting_session_count(target.digest) < sessions
         ):
             due[target.digest] = target
     return list(due.values())

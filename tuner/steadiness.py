@@ -86,11 +86,19 @@ def reference_for(num_threads: int) -> MachineReference:
     return _REFERENCES.setdefault(num_threads, MachineReference())
 
 
+def near_floor(reading_ms: float, floor_ms: float, within: float) -> bool:
+    """Whether a reading is within `within` (a fraction) of the floor: no slow spell on."""
+    return reading_ms <= floor_ms * (1 + within)
+
+
 def steady_rounds(readings: Sequence[float], floor_ms: float, within: float) -> list[int]:
     """The rounds (indices) both of whose readings, the one before and the one after it
     (`readings` has one more than there are rounds), are within `within` of `floor_ms`."""
-    limit = floor_ms * (1 + within)
-    return [i for i in range(len(readings) - 1) if max(readings[i], readings[i + 1]) <= limit]
+    return [
+        i
+        for i in range(len(readings) - 1)
+        if near_floor(max(readings[i], readings[i + 1]), floor_ms, within)
+    ]
 
 
 def steadiest_rounds(readings: Sequence[float], count: int) -> list[int]:

@@ -73,7 +73,13 @@ from tuner.front import (
 from tuner.insight.measure import flops_per_call
 from tuner.insight.point import INSIGHT_ATTR, PointInsight
 from tuner.insight.roofline import MachinePeak, peak_key
-from tuner.latency import LatencyProtocol, LatencyResult, objective_name, time_rounds
+from tuner.latency import (
+    LatencyProtocol,
+    LatencyResult,
+    Timed,
+    objective_name,
+    time_rounds,
+)
 from tuner.latency_table import (
     LatencyTable,
     digest_of,
@@ -524,7 +530,7 @@ class Objective:
         ctx = self.context
         table = ctx.latency_table()
         missing = [b for b, key in keys.items() if key and table.round_count(digest_of(key)) == 0]
-        measured: dict[str, list[list[float]]] = {}
+        measured = Timed({})
         if missing:
             model.eval()
             recipe = ModelRecipe.of(cfg.model, ctx.factory.num_labels)
@@ -548,14 +554,14 @@ class Objective:
                     measured = time_rounds(
                         loaded, ctx.example, ctx.protocol, on_set_aside=console.rounds_set_aside
                     )
-            for backend, timings in measured.items():
+            for backend, timings in measured.rounds.items():
                 key = keys[backend]
                 assert key is not None
-                record_session(ctx.storage, ctx.study_id, key, timings)
-                table = table.adding(digest_of(key), timings)
+                record_session(ctx.storage, ctx.study_id, key, timings, measured.steady)
+                table = table.adding(digest_of(key), timings, measured.steady)
         results = _from_table(table, keys)
         console.latencies_before_training(
-            results, measured=list(measured), statistic=ctx.protocol.statistic
+            results, measured=list(measured.rounds), statistic=ctx.protocol.statistic
         )
         return results
 
@@ -713,9 +719,9 @@ class Objective:
         if have < ctx.protocol.max_rounds:
             # Judged as any round, silently: a line per backend's added round would bury the
             # trial's own lines.
-            timings = time_rounds({"": logits_of}, ctx.example, ctx.protocol, rounds=1)[""]
-            record_session(ctx.storage, ctx.study_id, key, timings)
-            table = table.adding(digest, timings)
+            added = time_rounds({"": logits_of}, ctx.example, ctx.protocol, rounds=1)
+            record_session(ctx.storage, ctx.study_id, key, added.rounds[""], added.steady)
+            table = table.adding(digest, added.rounds[""], added.steady)
         return table.result(digest)
 
     def _first_latencies(
@@ -734,25 +740,27 @@ class Objective:
             )
         except Exception as exc:  # one backend's failure must not take the others' points
             console.interleaved_timing_failed(f"{type(exc).__name__}: {exc}")
-            measured = {}
+            measured = Timed({})
         updated, table = {}, ctx.latency_table()
         for backend, logits_of in waiting.items():
             key = keys[backend]
             try:
-                timings = (
-                    measured.get(backend)
-                    or time_rounds(
+                alone = (
+                    measured
+                    if backend in measured.rounds
+                    else time_rounds(
                         {backend: logits_of},
                         ctx.example,
                         ctx.protocol,
                         on_set_aside=console.rounds_set_aside,
-                    )[backend]
+                    )
                 )
+                timings = alone.rounds[backend]
                 if key is None:
                     latency = LatencyResult.of_rounds(timings)
                 else:
-                    record_session(ctx.storage, ctx.study_id, key, timings)
-                    table = table.adding(digest_of(key), timings)
+                    record_session(ctx.storage, ctx.study_id, key, timings, alone.steady)
+                    table = table.adding(digest_of(key), timings, alone.steady)
                     latency = table.result(digest_of(key))
             except Exception as exc:
                 error = f"timing failed: {type(exc).__name__}: {exc}"
