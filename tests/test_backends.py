@@ -165,7 +165,7 @@ def test_backend_contract(modality, name, deploy, request, tmp_path):
     assert result.latency is not None and 0 < result.latency.p50_ms <= result.latency.p95_ms
     assert result.model_size_mb > 0 and result.convert_seconds >= 0
     # The measured model is the shipped artifact: loading it again gives the same logits.
-    assert result.artifact is not None and result.artifact.parent == tmp_path
+    assert result.artifact is not None and result.artifact.parent == tmp_path / name
     reloaded = backend.load(result.artifact, deploy)
     batch = next(data.batches(8))
     with torch.inference_mode():
@@ -481,8 +481,8 @@ def test_mixed_precision_keeps_the_layer_int8_hurts_most_in_fp32(text_subject, t
     from tuner.backends.onnx_export import int8_options
 
     every_node = tmp_path / "every-node-int8.onnx"
-    # The fp32 export it started from (deployed alone, in an intermediate directory of its own).
-    exported = tmp_path / "strict" / "intermediate" / "model.fp32.onnx"
+    # The fp32 export it started from, in the directory the model's backends share.
+    exported = tmp_path / "strict" / "shared" / "model.fp32.onnx"
     quantize_dynamic(str(exported), str(every_node), **int8_options(strict))
     session = ort.InferenceSession(str(every_node), providers=["CPUExecutionProvider"])
     int8_logits = session.run(

@@ -200,19 +200,17 @@ def deploy_on(
     example: ExampleInputs,
     protocol: LatencyProtocol,
     deploy_cfg: DictConfig,
-    workdir: Path,
+    deployment: Path,
     calibration: Sequence[tuple[torch.Tensor, ...]] = (),
     timer: Timer | None = None,
-    shared: Path | None = None,
 ) -> BackendResult:
-    """Convert, check and time `model` on one backend, leaving its artifact in `workdir`;
-    failures come back as `error`.
+    """Convert, check and time `model` on one backend, leaving its artifact in the backend's
+    directory under `deployment` (`convert_into`); failures come back as `error`.
 
     Args:
         timer: the loaded artifact -> its latency; by default it is timed under `protocol`
             (a study passes its latency table's, `tuner.latency_table`). Where it gives None,
             the result's latency is None and its `logits_of` stays loaded for the caller.
-        shared: the directory the backends converting this model share, as in `convert`.
     """
     started = time.perf_counter()
     gpu = _gpu_of(backend_name, deploy_cfg)
@@ -220,8 +218,8 @@ def deploy_on(
         torch.cuda.reset_peak_memory_stats(gpu)
     try:
         with track_peak_memory() as memory:
-            converted = convert(
-                backend_name, model, recipe, example, deploy_cfg, workdir, calibration, shared
+            converted = convert_into(
+                deployment, backend_name, model, recipe, example, deploy_cfg, calibration
             )
             checks = check_outputs(collect_logits(converted.logits_of, val_data), reference)
             if timer is None:

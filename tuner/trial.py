@@ -45,7 +45,6 @@ from tuner.constraints import (
 from tuner.convergence import REFERENCE_ATTR, reference_point
 from tuner.data.batches import Encoded
 from tuner.deploy import (
-    SHARED_DIR,
     BackendFailed,
     BackendResult,
     Reference,
@@ -694,10 +693,9 @@ class Objective:
                 ctx.example,
                 ctx.protocol,
                 cfg.deploy,
-                workdir / backend,
+                workdir,
                 ctx.calibration,
                 timer=lambda logits_of, key=keys[backend]: self._latency(logits_of, key),
-                shared=workdir / SHARED_DIR,
             )
             results[backend] = result
         results.update(self._first_latencies(results, keys))
