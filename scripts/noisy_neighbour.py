@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing
+import os
+import signal
 import sys
 import time
 
@@ -28,7 +30,9 @@ _ARRAY_BYTES = 256 * 1024 * 1024
 def _stream() -> None:
     source = np.ones(_ARRAY_BYTES // 8)
     target = np.empty_like(source)
-    while True:
+    # Until the spell ends, or the script is gone however it went.
+    parent = os.getppid()
+    while os.getppid() == parent:
         np.copyto(target, source)
 
 
@@ -44,6 +48,8 @@ def main(argv: list[str]) -> None:
             parser.error(f"--{name} {getattr(args, name)}: must be > 0")
     if args.processes < 1:
         parser.error(f"--processes {args.processes}: at least 1")
+    # `kill` (SIGTERM) ends a spell as its end does.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     started = time.monotonic()
 
     def elapsed() -> float:
@@ -51,13 +57,16 @@ def main(argv: list[str]) -> None:
 
     while elapsed() < args.seconds:
         busy = [multiprocessing.Process(target=_stream, daemon=True) for _ in range(args.processes)]
-        for process in busy:
-            process.start()
-        print(f"spell on at {elapsed():.1f} s", flush=True)
-        time.sleep(max(0.0, min(args.on, args.seconds - elapsed())))
-        for process in busy:
-            process.terminate()
-            process.join()
+        try:
+            for process in busy:
+                process.start()
+            print(f"spell on at {elapsed():.1f} s", flush=True)
+            time.sleep(max(0.0, min(args.on, args.seconds - elapsed())))
+        finally:
+            for process in busy:
+                if process.is_alive():
+                    process.terminate()
+                    process.join()
         print(f"spell off at {elapsed():.1f} s", flush=True)
         time.sleep(max(0.0, min(args.off, args.seconds - elapsed())))
 

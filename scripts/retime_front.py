@@ -9,8 +9,9 @@ composes it), `--interval` seconds apart, each with its rounds interleaved acros
 It prints how far each moved by both choices of `deploy.latency.statistic`: p50 (the median of
 the rounds' medians) and the fastest timed call (the steadier on a shared machine,
 docs/benchmarks.md "Latency stability"), how far the first session alone moved, and how far
-p50 moved against the table's every session (those that found no steady rounds too, which the
-table's latency leaves out once a key has steady ones):
+p50 moved against the table's every session (those of too few steady rounds too, which the
+table's latency leaves out once a key has steady ones). Its own sessions are judged as a
+study's are, each keeping its steady rounds (or the steadiest), and pooled whole:
 
     python scripts/retime_front.py +experiment=bert_ffn
     python scripts/retime_front.py --sessions 1 +experiment=bert_ffn
@@ -156,7 +157,7 @@ def _report(
             continue
         now = LatencyResult.of_rounds([r for session in timed for r in session[target.label]])
         first = LatencyResult.of_rounds(timed[0][target.label])
-        # The table's latency had it pooled the sessions that found no steady rounds too.
+        # The table's latency had it pooled the sessions of too few steady rounds too.
         every = LatencyResult.of_rounds(table.rounds[target.digest or ""])
         moved = {
             "p50": _moved(before.p50_ms, now.p50_ms),
@@ -170,7 +171,7 @@ def _report(
         p50, fastest, first_p50, first_fastest, every_p50 = moved.values()
         print(
             f"| {target.label} | {before.p50_ms:.2f} ({before.rounds}, "
-            f"{len(table.counted(target.digest or ''))}, {before.spread_pct:.0f}%) | "
+            f"{len(table.pooled(target.digest or ''))}, {before.spread_pct:.0f}%) | "
             f"{now.p50_ms:.2f} ({now.spread_pct:.0f}%) | {p50:+.1f}% | "
             f"{before.min_ms:.2f} | {now.min_ms:.2f} | {fastest:+.1f}% | "
             f"{first_p50:+.1f}%, {first_fastest:+.1f}% | {every.p50_ms:.2f}: {every_p50:+.1f}% |"

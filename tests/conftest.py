@@ -158,10 +158,10 @@ def stored_sessions(user_attrs: Mapping[str, Any]) -> dict[str, list[list[list[f
     return {digest: [rounds for _, rounds in sorted(s)] for digest, s in found.items()}
 
 
-def counted_sessions(user_attrs: Mapping[str, Any]) -> dict[str, list[list[list[float]]]]:
+def pooled_sessions(user_attrs: Mapping[str, Any]) -> dict[str, list[list[list[float]]]]:
     """Latency key digest -> the rounds of the sessions its latency pools, in time order,
-    worked out from the stored sessions: those not marked unsteady (`"steady": false`), or every
-    session where all are."""
+    worked out from the stored sessions: those not marked unsteady (`"steady": false`) once
+    they hold at least as many rounds as any that is; until then, every session."""
     found: dict[str, list[tuple[str, bool, list[list[float]]]]] = {}
     for name, session in user_attrs.items():
         if name.startswith("latency:"):
@@ -169,13 +169,14 @@ def counted_sessions(user_attrs: Mapping[str, Any]) -> dict[str, list[list[list[
             found.setdefault(name.split(":")[1], []).append(
                 (session["at"], unsteady, session["rounds"])
             )
-    counted = {}
+    pooled = {}
     for digest, sessions in found.items():
         in_order = sorted(sessions)
-        counted[digest] = [rounds for _, unsteady, rounds in in_order if not unsteady] or [
-            rounds for _, _, rounds in in_order
-        ]
-    return counted
+        steady = [rounds for _, unsteady, rounds in in_order if not unsteady]
+        unsteady_sizes = [len(rounds) for _, unsteady, rounds in in_order if unsteady]
+        outweighed = sum(len(rounds) for rounds in steady) >= max(unsteady_sizes, default=0)
+        pooled[digest] = steady if outweighed else [rounds for _, _, rounds in in_order]
+    return pooled
 
 
 def cli_command(cwd: Path, *args: str) -> list[str]:

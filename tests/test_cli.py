@@ -11,8 +11,8 @@ import textwrap
 import optuna
 import pytest
 from conftest import (
-    counted_sessions,
     listed_backends,
+    pooled_sessions,
     run_cli,
     runnable_backends,
     stored_sessions,
@@ -76,7 +76,7 @@ def _assert_pareto_tags_match_the_study(tmp_path, children):
     study = _study(tmp_path)
     rounds = {
         digest: [r for session in sessions for r in session]
-        for digest, sessions in counted_sessions(study.user_attrs).items()
+        for digest, sessions in pooled_sessions(study.user_attrs).items()
     }
     points = {}
     for trial in study.get_trials(states=(TrialState.COMPLETE,)):
@@ -424,6 +424,48 @@ def test_the_front_is_confirmed_only_where_its_keys_can_be_rebuilt_here(tmp_path
             )
         else:
             assert counts[digest] == 2
+
+
+@pytest.mark.slow
+def test_a_finished_study_s_run_confirms_a_front_short_of_sessions_and_nothing_else(tmp_path):
+    # Rounds not judged: every session counts, so the session counts are exact.
+    args = (
+        *SMOKE,
+        "debug.overrides.study.n_trials=1",
+        "search_space={deploy.backend:'choice(eager,onnxruntime)'}",
+        "deploy.latency.steady_within=null",
+    )
+    first = run_cli(tmp_path, *args, "deploy.latency.front_sessions=1")
+    assert first.returncode == 0, first.stderr
+    assert "Confirming the front" not in first.stdout
+    trials = len(_study(tmp_path).trials)
+    # Nothing left to train, but the front rests on one session per key where two are asked.
+    again = run_cli(tmp_path, *args)
+    assert again.returncode == 0, again.stderr
+    assert "this run confirms its front" in again.stdout
+    assert "Confirming the front" in again.stdout
+    study = _study(tmp_path)
+    assert len(study.trials) == trials
+    counts = {d: len(s) for d, s in stored_sessions(study.user_attrs).items()}
+    front = [p for p in study_points(study) if p.pareto]
+    assert front
+    for point in front:
+        assert counts[study.trials[point.trial_number].user_attrs[LATENCY_KEY_ATTR]] == 2
+    # Its new parent run holds the front.
+    client, parents, _ = _mlflow(tmp_path)
+    assert len(parents) == 2
+    newest = max(parents, key=lambda run: run.info.start_time)
+    assert "pareto/front.csv" in {
+        f.path for f in client.list_artifacts(newest.info.run_id, "pareto")
+    }
+    # Once confirmed, a run of the finished study does nothing, and starts no run; nor does
+    # one asking for more sessions of keys it cannot time here (another ONNX opset).
+    for more in ((), ("deploy.latency.front_sessions=3", "deploy.onnx.opset=16")):
+        third = run_cli(tmp_path, *args, *more)
+        assert third.returncode == 0, third.stderr
+        assert "has its 1 trained configurations (study.n_trials); raise" in third.stdout
+        assert "Confirming the front" not in third.stdout
+        assert len(_mlflow(tmp_path)[1]) == 2
 
 
 @pytest.mark.slow

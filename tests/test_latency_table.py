@@ -20,7 +20,9 @@ from tuner.latency_table import (
     LatencyTable,
     digest_of,
     latency_key,
+    measured_alike,
     record_session,
+    stored_key,
     structure_of,
 )
 from tuner.optuna_compat import study_id_of
@@ -219,7 +221,7 @@ def test_sessions_of_one_key_pool_their_rounds_in_time_order(tmp_path):
     assert grown.session_count(digest_of(other)) == 2 and grown.round_count(digest_of(other)) == 3
 
 
-def test_a_key_s_latency_leaves_out_sessions_that_found_no_steady_rounds(tmp_path):
+def test_a_key_s_latency_leaves_out_sessions_of_too_few_steady_rounds(tmp_path):
     storage, study_id = _storage(tmp_path / "a.db")
     key = latency_key(_model(), STRUCTURE, "eager", DEPLOY, PROTOCOL_RECORD)
     spell = latency_key(_model(), STRUCTURE, "onnxruntime", DEPLOY, PROTOCOL_RECORD)
@@ -227,7 +229,7 @@ def test_a_key_s_latency_leaves_out_sessions_that_found_no_steady_rounds(tmp_pat
     record_session(storage, study_id, key, [[10.0, 10.0]], steady=False)
     record_session(storage, study_id, key, [[4.0, 4.0], [6.0, 6.0]], steady=True)
     record_session(storage, study_id, key, [[5.0, 5.0]])
-    # The other key found steady rounds in none of its sessions.
+    # The other key found too few steady rounds in each of its sessions.
     record_session(storage, study_id, spell, [[9.0, 9.0]], steady=False)
     record_session(storage, study_id, spell, [[7.0, 7.0], [8.0, 8.0]], steady=False)
     attrs = storage.get_study_user_attrs(study_id)
@@ -236,20 +238,41 @@ def test_a_key_s_latency_leaves_out_sessions_that_found_no_steady_rounds(tmp_pat
     )
     assert [flag for _, flag in flags] == [False, True, "absent", False, False]
     table = LatencyTable.of_study(storage, study_id)
-    # The round medians that count: 4, 6 (steady) and 5 (not judged); the 10 is left out.
+    # The round medians that count: 4, 6 (steady) and 5 (not judged); three rounds outweigh
+    # the unsteady session's one, whose 10 is left out.
     result = table.result(digest_of(key))
     assert (result.p50_ms, result.rounds, result.max_ms) == (5.0, 3, 6.0)
     assert table.round_count(digest_of(key)) == 4 and table.session_count(digest_of(key)) == 3
-    assert table.counting_session_count(digest_of(key)) == 2
+    assert table.counted_session_count(digest_of(key)) == 2
     # With no session that counts, every session is pooled: medians 9, 7, 8.
     assert table.result(digest_of(spell)).p50_ms == 8.0
-    assert table.counting_session_count(digest_of(spell)) == 0
-    # A steady session added later is then all the latency rests on.
-    steadied = table.adding(digest_of(spell), [[3.0, 3.0]], steady=True)
-    assert steadied.result(digest_of(spell)).p50_ms == 3.0
-    assert steadied.counting_session_count(digest_of(spell)) == 1
+    assert table.counted_session_count(digest_of(spell)) == 0
+    # One steady round (a later trial's added one) does not outweigh a 2-round session: still
+    # every session (medians 9, 7, 8, 3), and no session counted.
+    one = table.adding(digest_of(spell), [[3.0, 3.0]], steady=True)
+    assert one.result(digest_of(spell)).p50_ms == 7.5
+    assert one.counted_session_count(digest_of(spell)) == 0
+    # Two steady rounds do: then they are all the latency rests on.
+    two = table.adding(digest_of(spell), [[3.0, 3.0], [2.0, 2.0]], steady=True)
+    assert two.result(digest_of(spell)).p50_ms == 2.5
+    assert two.counted_session_count(digest_of(spell)) == 1
     # And an unsteady one does not move a latency that rests on steady sessions.
     assert table.adding(digest_of(key), [[50.0]], steady=False).result(digest_of(key)) == result
+
+
+def test_a_stored_key_is_measured_alike_under_the_same_deploy_settings_and_machine(tmp_path):
+    storage, study_id = _storage(tmp_path / "a.db")
+    key = latency_key(_model(), STRUCTURE, "eager", DEPLOY, PROTOCOL_RECORD)
+    record_session(storage, study_id, key, [[1.0]])
+    stored = stored_key(storage.get_study_user_attrs(study_id), digest_of(key))
+    assert stored is not None
+    assert measured_alike(stored, DEPLOY, PROTOCOL_RECORD)
+    # How far a measurement grows is no part of it; another opset or CPU is.
+    assert measured_alike(stored, DEPLOY, {**PROTOCOL_RECORD, "latency.max_rounds": 99})
+    other_opset = OmegaConf.merge(DEPLOY, {"onnx": {"opset": 16}})
+    assert not measured_alike(stored, other_opset, PROTOCOL_RECORD)
+    assert not measured_alike(stored, DEPLOY, {**PROTOCOL_RECORD, "latency.cpu": "another"})
+    assert not measured_alike(None, DEPLOY, PROTOCOL_RECORD)
 
 
 _WRITER = """

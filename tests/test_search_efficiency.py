@@ -316,8 +316,8 @@ def test_a_slow_spell_through_the_trials_is_left_out_once_the_front_finds_steady
         assert logged["latency_ms_p50"] == pytest.approx(latency.p50_ms)
         assert logged["latency_rounds"] == 10
     out = capsys.readouterr().out
-    assert "(no steady rounds: the steadiest)" not in out
-    assert "found steady rounds" not in out
+    assert "too few steady rounds" not in out
+    assert "sessions have steady rounds" not in out
 
 
 def test_a_spell_through_the_confirmation_too_is_timed_front_sessions_times_and_said(
@@ -331,6 +331,6 @@ def test_a_spell_through_the_confirmation_too_is_timed_front_sessions_times_and_
     (point, _) = study_points(study)
     assert point.latency_ms == pytest.approx(statistics.median(medians))
     out = capsys.readouterr().out
-    assert out.count("(no steady rounds: the steadiest)") == 2
+    assert out.count("(too few steady rounds: the steadiest kept)") == 2
     assert "the machine reference read no steady stretch in 0 s" in out
-    assert "0 of its 4 sessions found steady rounds; its latency pools all of them" in out
+    assert "0 of its 4 sessions have steady rounds; its latency pools all of them" in out

@@ -68,3 +68,28 @@ def test_what_an_artifact_holds_is_logged_as_tags_and_a_json_file(tmp_path, monk
     assert tags["deploy.backend"] == "onnxruntime_fused"
     written = client.download_artifacts(run_id, "deploy/notes.json", str(tmp_path))
     assert json.loads(Path(written).read_text()) == notes
+
+
+def test_a_point_run_gets_its_key_s_latency_when_it_moves_on_as_many_rounds(tmp_path, monkeypatch):
+    from mlflow.tracking import MlflowClient
+
+    from tuner.latency import LatencyResult
+    from tuner.tracking import Tracker
+
+    monkeypatch.chdir(tmp_path)
+    tracker = Tracker(f"sqlite:///{tmp_path}/mlflow.db", "study")
+    parent = tracker.start_parent("study", {}, "")
+    run_id = tracker.start_trial(parent, "study", 3, "eager", {}, trained_in_trial=3)
+    tracker.set_trial_number(run_id, 3, "eager")
+    made = LatencyResult.of_rounds([[4.0, 4.0], [6.0, 6.0]])
+    tracker.log_metrics(run_id, made.metrics())
+    # As many rounds, another latency (a slow session left out, a steady one pooled).
+    now = LatencyResult.of_rounds([[2.0, 2.0], [3.0, 3.0]])
+    tracker.revise_latencies("study", {3: now})
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    assert client.get_run(run_id).data.metrics["latency_ms_p50"] == 2.5
+    history = client.get_metric_history(run_id, "latency_ms_p50")
+    assert sorted(m.value for m in history) == [2.5, 5.0]
+    # The same latency again: nothing new is logged.
+    tracker.revise_latencies("study", {3: now})
+    assert len(client.get_metric_history(run_id, "latency_ms_p50")) == 2

@@ -133,7 +133,8 @@ def interleaved_timing_failed(reason: str) -> None:
 def confirming_front(keys: int, sessions: int) -> None:
     console.print(
         f"Confirming the front: {keys} latenc{'y' if keys == 1 else 'ies'} on it rest on fewer "
-        f"than {sessions} measurement sessions (deploy.latency.front_sessions); timing "
+        f"than {sessions} measurement sessions of steady rounds "
+        "(deploy.latency.front_sessions); timing "
         f"{'it' if keys == 1 else 'them'} again, interleaved"
     )
 
@@ -145,7 +146,7 @@ def confirmed(confirmations: Sequence[Confirmation], statistic: str) -> None:
         before, session, after = (
             r.ranked_ms(statistic) for r in (done.before, done.session, done.after)
         )
-        unsteady = " (no steady rounds: the steadiest)" if done.steady is False else ""
+        unsteady = " (too few steady rounds: the steadiest kept)" if done.steady is False else ""
         console.print(
             f"  {done.label:<32} {statistic} {before:.2f} ms, this session {session:.2f} ms "
             f"({100 * (session - before) / before:+.1f}%){unsteady} -> {after:.2f} ms "
@@ -164,11 +165,13 @@ def waited_for_steady(waited_s: float | None, timeout_s: float) -> None:
         console.print(f"  [dim]waited {waited_s:.0f} s for a slow spell to pass[/]")
 
 
-def short_of_steady_sessions(label: str, counting: int, sessions: int) -> None:
+def short_of_steady_sessions(label: str, counted: int, sessions: int) -> None:
+    """A front key the confirmation timed as often as it may, still short of sessions of steady
+    rounds (`LatencyTable.counted_session_count`)."""
+    pooled = "those" if counted else "all of them, the steadiest rounds of each"
     console.print(
-        f"  [yellow]{label}: {counting} of its {sessions} sessions found steady rounds; its "
-        f"latency pools {'those' if counting else 'all of them (the steadiest rounds of each)'}"
-        "[/]"
+        f"  [yellow]{label}: {counted} of its {sessions} sessions have steady rounds; its "
+        f"latency pools {pooled}; run the study again later to confirm it[/]"
     )
 
 
@@ -205,6 +208,14 @@ def budget_reached(study_name: str, n_trials: int) -> None:
     console.print(
         f"Study '{study_name}' has its {n_trials} trained configurations (study.n_trials); "
         "raise study.n_trials to add more."
+    )
+
+
+def confirming_finished_front(study_name: str, n_trials: int) -> None:
+    console.print(
+        f"Study '{study_name}' has its {n_trials} trained configurations (study.n_trials); "
+        "this run confirms its front, some of whose latencies rest on too few sessions "
+        "(deploy.latency.front_sessions)"
     )
 
 

@@ -17,7 +17,7 @@ import math
 import platform
 import subprocess
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from functools import cache
@@ -50,9 +50,10 @@ class LatencyProtocol:
             architecture adds one round (on its deployed artifact) until there are this many.
         statistic: how a measurement's timed calls are summarised into the latency the study
             ranks by (`LATENCY_STATISTICS`), its objective `objective_name(statistic)`.
-        front_sessions: measurement sessions each latency on the study's front rests on at the
-            end of a run: front keys with fewer are timed again then (`tuner.retime`), so no
-            front latency is one stretch of a shared machine's load.
+        front_sessions: measurement sessions of steady rounds (or not judged) each latency on
+            the study's front rests on at the end of a run: front keys with fewer are timed
+            again then, at most this many times per run (`tuner.retime`), so no front latency
+            is one stretch of a shared machine's load. 1: none is.
         steady_within: a round counts as steady when the machine reference read, before and
             after it, within this fraction of the process's fastest readings
             (`tuner.steadiness`); None: every round counts, none is timed again.
@@ -230,11 +231,7 @@ def time_rounds(
     `on_set_aside(set aside, timed)` hears of the rounds that were not."""
     wanted = protocol.rounds if rounds is None else rounds
     clocks = {name: _clock_of(logits_of) for name, logits_of in callables.items()}
-    within = protocol.steady_within
-    # A GPU's time is not judged: the reference reads the CPU, whose spells reach a GPU's
-    # calls only through their launches; a study deploys on one kind of device.
-    if protocol.steady_attempts < 2 or any(c is _gpu_call_ms for c in clocks.values()):
-        within = None
+    within = _judged_within(protocol, clocks.values())
     reference = reference_for(protocol.num_threads) if within is not None else None
     readings: list[float] = []
     timed: list[dict[str, list[float]]] = []
@@ -278,14 +275,27 @@ def time_rounds(
     return Timed({name: [timed[i][name] for i in kept] for name in callables}, steady)
 
 
+def _judged_within(protocol: LatencyProtocol, clocks: Iterable[Clock]) -> float | None:
+    """How near the floor a round's readings must be (`protocol.steady_within`) where rounds
+    timed by `clocks` are judged; None where they are not. A GPU's time is not judged: the
+    reference reads the CPU, whose spells reach a GPU's calls only through their launches; a
+    study deploys on one kind of device."""
+    if protocol.steady_attempts < 2 or any(clock is _gpu_call_ms for clock in clocks):
+        return None
+    return protocol.steady_within
+
+
 def wait_for_steady(
-    protocol: LatencyProtocol, timeout_s: float, poll_s: float = 2.0
+    callables: Mapping[str, Callable[..., torch.Tensor]],
+    protocol: LatencyProtocol,
+    timeout_s: float,
+    poll_s: float = 2.0,
 ) -> float | None:
     """Read the machine reference every `poll_s` seconds until it reads within
     `protocol.steady_within` of its floor, for at most `timeout_s`: the seconds waited, or None
-    where no reading was. Nothing is waited for where rounds are not judged."""
-    within = protocol.steady_within
-    if within is None or protocol.steady_attempts < 2:
+    where no reading was. Nothing is waited for where rounds of `callables` are not judged."""
+    within = _judged_within(protocol, [_clock_of(logits_of) for logits_of in callables.values()])
+    if within is None:
         return 0.0
     reference = reference_for(protocol.num_threads)
     started = time.monotonic()

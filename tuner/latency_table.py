@@ -91,15 +91,45 @@ def latency_key(
     assert isinstance(model, dict)
     family = MODEL_FAMILIES.get(str(model["family"]))
     sizing = {EDITS.get(name).config_key for name in EDITS} | set(family.size_keys)
-    deploy = OmegaConf.to_container(deploy_cfg, resolve=True)
-    assert isinstance(deploy, dict)
     return {
         "model": {k: v for k, v in model.items() if k not in _TRAINING_ONLY | sizing},
         "structure": hashlib.sha256(json.dumps(list(structure)).encode()).hexdigest(),
         "backend": backend,
-        "deploy": {k: v for k, v in deploy.items() if k not in _NOT_IN_DEPLOY_KEY},
-        "protocol": {k: v for k, v in protocol_record.items() if k not in _NOT_IN_PROTOCOL_KEY},
+        "deploy": _deploy_in_key(deploy_cfg),
+        "protocol": _protocol_in_key(protocol_record),
     }
+
+
+def _deploy_in_key(deploy_cfg: DictConfig) -> dict[str, Any]:
+    deploy = OmegaConf.to_container(deploy_cfg, resolve=True)
+    assert isinstance(deploy, dict)
+    return {k: v for k, v in deploy.items() if k not in _NOT_IN_DEPLOY_KEY}
+
+
+def _protocol_in_key(protocol_record: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in protocol_record.items() if k not in _NOT_IN_PROTOCOL_KEY}
+
+
+def stored_key(user_attrs: Mapping[str, Any], digest: str) -> Mapping[str, Any] | None:
+    """The latency key a digest stands for, as the study stores it beside its sessions."""
+    return user_attrs.get(f"{_KEY_PREFIX}{digest}")
+
+
+def measured_alike(
+    key: Mapping[str, Any] | None, deploy_cfg: DictConfig, protocol_record: Mapping[str, Any]
+) -> bool:
+    """Whether a stored key's deploy settings and protocol (the machine included) are these:
+    its architecture, rebuilt under them, can have that key again. Compared as stored (JSON),
+    so tuples and lists read alike."""
+    if key is None:
+        return False
+    here = json.loads(
+        json.dumps(
+            {"deploy": _deploy_in_key(deploy_cfg), "protocol": _protocol_in_key(protocol_record)},
+            default=str,
+        )
+    )
+    return {"deploy": key.get("deploy"), "protocol": key.get("protocol")} == here
 
 
 def digest_of(key: Mapping[str, Any]) -> str:
@@ -110,15 +140,15 @@ def digest_of(key: Mapping[str, Any]) -> str:
 @dataclass(frozen=True)
 class Session:
     """One measurement session of a key: its rounds, and whether they were steady (True), the
-    steadiest of too few steady ones (False), or not judged (None: steadiness off, or a study
-    recorded before it was judged)."""
+    steadiest of too few steady ones (False), or not judged (None: steadiness off, or a
+    session recorded before the table kept the flag)."""
 
     rounds: list[list[float]]
     steady: bool | None = None
 
     @property
     def counts(self) -> bool:
-        """Whether a latency may rest on it beside sessions of steady rounds."""
+        """Whether it outweighs sessions of too few steady rounds (`LatencyTable.pooled`)."""
         return self.steady is not False
 
 
@@ -128,10 +158,10 @@ class LatencyTable:
     read at one moment, and the statistic the study ranks latency by
     (`deploy.latency.statistic`, a study setting).
 
-    A key's latency pools the rounds of its sessions that count: those whose rounds were steady
-    or not judged. A session that found too few steady rounds is left out of it once the key
-    has one that counts, as a slow round is left out of a session; while the key has none, it
-    pools every session."""
+    A key's latency pools the rounds of `pooled` sessions: those that count (steady rounds, or
+    not judged) once they hold at least as many rounds as any session of too few steady ones,
+    which are then left out, as a slow round is left out of a session; until then, every
+    session."""
 
     sessions: dict[str, list[Session]] = field(default_factory=dict)
     statistic: str = DEFAULT_STATISTIC
@@ -164,22 +194,28 @@ class LatencyTable:
     @property
     def rounds(self) -> dict[str, list[list[float]]]:
         """Digest -> every round of its sessions, in time order (what the key's measurement has
-        grown to, counted or not)."""
+        grown to, pooled or not)."""
         return {
             digest: [r for session in found for r in session.rounds]
             for digest, found in self.sessions.items()
         }
 
     def result(self, digest: str | None) -> LatencyResult | None:
-        """The key's latency over the sessions that count, or None while it has not been
+        """The key's latency over its pooled sessions, or None while it has not been
         measured."""
-        rounds = [r for session in self.counted(digest or "") for r in session.rounds]
+        rounds = [r for session in self.pooled(digest or "") for r in session.rounds]
         return LatencyResult.of_rounds(rounds) if rounds else None
 
-    def counted(self, digest: str) -> list[Session]:
-        """The sessions the key's latency rests on."""
+    def pooled(self, digest: str) -> list[Session]:
+        """The sessions the key's latency rests on. A later trial's one steady added round
+        does not outweigh a whole measurement of too few steady ones; a session of as many
+        steady rounds does."""
         found = self.sessions.get(digest, [])
-        return [s for s in found if s.counts] or found
+        counting = [s for s in found if s.counts]
+        left_out = [len(s.rounds) for s in found if not s.counts]
+        if left_out and sum(len(s.rounds) for s in counting) < max(left_out):
+            return found
+        return counting
 
     def adding(
         self, digest: str, rounds: Sequence[Sequence[float]], steady: bool | None = None
@@ -197,9 +233,11 @@ class LatencyTable:
     def session_count(self, digest: str) -> int:
         return len(self.sessions.get(digest, []))
 
-    def counting_session_count(self, digest: str) -> int:
-        """The key's sessions whose rounds were steady or not judged."""
-        return sum(s.counts for s in self.sessions.get(digest, []))
+    def counted_session_count(self, digest: str) -> int:
+        """The sessions that count the key's latency rests on: none while it pools a session
+        of too few steady rounds."""
+        pooled = self.pooled(digest)
+        return len(pooled) if all(s.counts for s in pooled) else 0
 
 
 def record_session(

@@ -37,7 +37,9 @@ from tuner.latency_table import (
     LatencyTable,
     digest_of,
     latency_key,
+    measured_alike,
     record_session,
+    stored_key,
     structure_of,
 )
 from tuner.optuna_compat import storage_of, study_id_of
@@ -49,7 +51,7 @@ _CLAIM_PREFIX = "front-confirmation:"
 # A claim this old was left by a worker that died holding it.
 _CLAIM_EXPIRES = datetime.timedelta(minutes=30)
 # How long a confirmation waits for a slow spell to pass before timing keys again that found
-# no steady rounds: spells last seconds to minutes (docs/benchmarks.md, "Steady rounds").
+# too few steady rounds: spells last seconds to minutes (docs/benchmarks.md, "Steady rounds").
 _STEADY_WAIT_SECONDS = 60.0
 
 
@@ -164,12 +166,12 @@ def confirm_front(
     constraints: Constraints,
 ) -> list[Confirmation]:
     """Time each front latency key with fewer than `protocol.front_sessions` sessions that
-    count (`LatencyTable.counted`: steady or not judged) again, its architectures
+    count (`LatencyTable.counted_session_count`) again, its architectures
     interleaved, and add the sessions to the study's table; the front is drawn again after each
     pass (a latency that moved can let another point onto it) until every front key has its
     sessions, could not be timed here (said, and left as it was), or has been timed
-    `front_sessions` times by this run (said where its sessions still found too few steady
-    rounds). A key timed again waits first for the machine reference to read steady
+    `front_sessions` times by this run (said where it is still short of sessions that count).
+    A key timed again waits first for the machine reference to read steady
     (`wait_for_steady`), at most `_STEADY_WAIT_SECONDS`."""
     storage, study_id = storage_of(study), study_id_of(study)
     confirmed: list[Confirmation] = []
@@ -181,15 +183,15 @@ def confirm_front(
         due = _due(trials, table, constraints, protocol.front_sessions, given_up)
         if not due:
             return confirmed
-        if any(timed_here[target.digest or ""] for target in due):
-            console.waited_for_steady(
-                wait_for_steady(protocol, _STEADY_WAIT_SECONDS), _STEADY_WAIT_SECONDS
-            )
         console.confirming_front(len(due), protocol.front_sessions)
         measured = Timed({})
         with tempfile.TemporaryDirectory(prefix="tuner-confirm-") as workdir:
             rebuilt = rebuilder.rebuild(due, Path(workdir))
             skipped = dict(rebuilt.skipped)
+            # Keys timed again here found too few steady rounds: let the spell pass first.
+            if rebuilt.loaded and any(timed_here[target.digest or ""] for target in due):
+                waited = wait_for_steady(rebuilt.loaded, protocol, _STEADY_WAIT_SECONDS)
+                console.waited_for_steady(waited, _STEADY_WAIT_SECONDS)
             try:
                 if rebuilt.loaded:
                     measured = time_rounds(
@@ -203,7 +205,7 @@ def confirm_front(
                     dict.fromkeys(rebuilt.loaded, f"timing failed: {type(exc).__name__}: {exc}")
                 )
         this_pass = []
-        # Label -> (sessions that count, sessions) of keys left short of steady ones.
+        # Label -> (sessions that count, sessions) of keys left short of them.
         short: dict[str, tuple[int, int]] = {}
         for target in due:
             assert target.digest is not None
@@ -231,12 +233,12 @@ def confirm_front(
             # A run times a key at most `front_sessions` times, whatever the machine does.
             if timed_here[target.digest] >= protocol.front_sessions:
                 given_up.add(target.digest)
-                counting = added.counting_session_count(target.digest)
-                if counting < protocol.front_sessions:
-                    short[target.label] = (counting, added.session_count(target.digest))
+                counted = added.counted_session_count(target.digest)
+                if counted < protocol.front_sessions:
+                    short[target.label] = (counted, added.session_count(target.digest))
         console.confirmed(this_pass, table.statistic)
-        for label, (counting, sessions) in short.items():
-            console.short_of_steady_sessions(label, counting, sessions)
+        for label, (counted, sessions) in short.items():
+            console.short_of_steady_sessions(label, counted, sessions)
         confirmed += this_pass
 
 
@@ -273,6 +275,25 @@ def front_lock(study: optuna.Study, poll_seconds: float = 5.0) -> Iterator[None]
         storage.set_study_user_attr(study_id, mine, None)
 
 
+def front_unconfirmed(
+    study: optuna.Study,
+    constraints: Constraints,
+    sessions: int,
+    deploy_cfg: DictConfig,
+    protocol_record: Mapping[str, Any],
+) -> bool:
+    """Whether a latency key on the study's front has fewer than `sessions` sessions that
+    count and was measured under this run's deploy settings and protocol (the machine
+    included): `confirm_front` would time it here."""
+    attrs = study.user_attrs
+    table = LatencyTable.of_attrs(attrs)
+    due = _due(study.get_trials(deepcopy=False), table, constraints, sessions, set())
+    return any(
+        measured_alike(stored_key(attrs, target.digest or ""), deploy_cfg, protocol_record)
+        for target in due
+    )
+
+
 def _due(
     trials: Sequence[optuna.trial.FrozenTrial],
     table: LatencyTable,
@@ -281,7 +302,10 @@ def _due(
     given_up: set[str],
 ) -> list[Target]:
     """One target per front latency key with fewer than `sessions` sessions that count (and
-    one at least: a key with none has never been timed)."""
+    one at least: a key with none has never been timed). None where `sessions` is 1: a key's
+    first session is all it asks, whatever its rounds were."""
+    if sessions < 2:
+        return []
     points = points_of(trials, constraints, table)
     by_number = {t.number: t for t in trials}
     due: dict[str, Target] = {}
@@ -293,7 +317,7 @@ def _due(
             and target.digest not in due
             and target.digest not in given_up
             and table.session_count(target.digest) > 0
-            and table.counting_session_count(target.digest) < sessions
+            and table.counted_session_count(target.digest) < sessions
         ):
             due[target.digest] = target
     return list(due.values())

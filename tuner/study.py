@@ -66,7 +66,7 @@ from tuner.recovery import (
     interruptible,
     raise_if_interrupted,
 )
-from tuner.retime import Rebuilder, confirm_front, front_lock
+from tuner.retime import Rebuilder, confirm_front, front_lock, front_unconfirmed
 from tuner.retrain import override_keys
 from tuner.samplers import SAMPLERS
 from tuner.settings import DIRECTIONS, check_change_keys, settings_of, settle
@@ -266,14 +266,22 @@ def run_study(
     # Last of the checks, so that a change it records is one this run goes on with.
     _settle_settings(study, cfg)
     n_trials = int(cfg.study.n_trials)
-    if _nothing_left(study, n_trials):
+    finished = _nothing_left(study, n_trials)
+    protocol_record = protocol_record_of(cfg, protocol, example)
+    # A finished study's run goes on only to confirm a front still short of sessions that it
+    # can time here (one that met a long slow spell, or that a higher front_sessions asks
+    # more of).
+    if finished and not front_unconfirmed(
+        study, constraints, protocol.front_sessions, cfg.deploy, protocol_record
+    ):
         console.budget_reached(study.study_name, n_trials)
         points = _summarise(study, constraints)
         console.review_hint(
             str(cfg.tracking.uri), tracker.experiment_id, None, objective_name(protocol.statistic)
         )
         return points
-    protocol_record = protocol_record_of(cfg, protocol, example)
+    if finished:
+        console.confirming_finished_front(study.study_name, n_trials)
     peak = machine_peak(study, protocol_record, protocol.num_threads)
     parent_id = tracker.start_parent(
         study.study_name,
@@ -359,20 +367,26 @@ def run_study(
         objective = Objective(context)
         try:
             with interruptible():
-                ensure_trained(
-                    study,
-                    storage,
-                    study_id,
-                    teachers,
-                    _claimed_trial_runner(study, objective, record_front),
-                    poll_seconds=int(cfg.study.heartbeat.interval),
-                    fail_stale=lambda: optuna.storages.fail_stale_trials(study),
-                )
-                _run_to_budget(
-                    study, objective, publish, n_trials, int(cfg.study.heartbeat.interval)
-                )
+                if not finished:
+                    ensure_trained(
+                        study,
+                        storage,
+                        study_id,
+                        teachers,
+                        _claimed_trial_runner(study, objective, record_front),
+                        poll_seconds=int(cfg.study.heartbeat.interval),
+                        fail_stale=lambda: optuna.storages.fail_stale_trials(study),
+                    )
+                    _run_to_budget(
+                        study, objective, publish, n_trials, int(cfg.study.heartbeat.interval)
+                    )
                 rebuilder = Rebuilder(cfg, factory, example, context.calibration, protocol_record)
-                _confirm_front(study, rebuilder, protocol, constraints, record_front, tracker)
+                moved = _confirm_front(
+                    study, rebuilder, protocol, constraints, record_front, tracker
+                )
+                # A run that trained nothing has published no front yet.
+                if finished and not moved:
+                    record_front(study)
         except KeyboardInterrupt:
             tracker.kill(parent_id)
             raise
@@ -439,10 +453,12 @@ def _confirm_front(
     constraints: Constraints,
     record_front: Callable[[optuna.Study], None],
     tracker: Tracker,
-) -> None:
+) -> bool:
     """The end of a run: the front's latencies confirmed (`tuner.retime`), the front published
-    again if they changed, and every point's run brought to the table. The trials are all
-    recorded by now, so a failure here is said and leaves the latencies as they were."""
+    again if they changed (returns whether they did), and every point's run brought to the
+    table. The trials are all recorded by now, so a failure here is said and leaves the
+    latencies as they were."""
+    confirmations = []
     try:
         with immediate(), front_lock(study):
             confirmations = confirm_front(study, rebuilder, protocol, constraints)
@@ -451,6 +467,7 @@ def _confirm_front(
         _revise_point_latencies(tracker, study)
     except Exception as exc:
         console.front_not_confirmed(f"{type(exc).__name__}: {exc}")
+    return bool(confirmations)
 
 
 def _revise_point_latencies(tracker: Tracker, study: optuna.Study) -> None:

@@ -7,6 +7,7 @@ is closed with the right status: FINISHED, FAILED with a `failure_reason` tag, o
 from __future__ import annotations
 
 import fcntl
+import math
 import socket
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
@@ -154,14 +155,18 @@ class Tracker:
         self.client.log_batch(run_id, metrics=batch)
 
     def revise_latencies(self, study_name: str, latencies: Mapping[int, LatencyResult]) -> None:
-        """Give each point run of the study whose latency metrics rest on fewer rounds than
-        its latency now does (trial number -> latency) the newer values, at the step of their
-        latest: MLflow shows them, and the metric history keeps what the point was made with."""
+        """Give each point run of the study whose latency metrics are not its latency now
+        (trial number -> latency) the newer values, at the step of their latest: MLflow shows
+        them, and the metric history keeps what the point was made with. (Rounds are no guide:
+        a key's pooled sessions change as unsteady ones are left out, not only as they grow.)"""
         for run in self._study_runs(study_name):
             number = run.data.tags.get("optuna.trial_number")
             latency = None if number is None else latencies.get(int(number))
-            logged = run.data.metrics.get("latency_rounds")
-            if latency is None or logged is None or logged == latency.rounds:
+            if latency is None or "latency_rounds" not in run.data.metrics:
+                continue
+            now = latency.metrics()
+            logged = run.data.metrics
+            if all(name in logged and math.isclose(logged[name], now[name]) for name in now):
                 continue
             history = self.client.get_metric_history(run.info.run_id, "latency_rounds")
             step = max(m.step for m in history)

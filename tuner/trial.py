@@ -769,8 +769,9 @@ class Objective:
 
     def _joining_front(self, results: Mapping[str, BackendResult], trained: _Trained) -> set[str]:
         """The backends whose points are on the feasible front once this model's points join
-        the study. Only these are logged as models: a point dominated now stays dominated, as
-        the best accuracy, and with it the accuracy constraint, only ever rises."""
+        the study. Only these are logged as models: a point dominated now mostly stays so (the
+        best accuracy, and with it the accuracy constraint, only ever rises); one that a later
+        latency lets on is tagged `tuner.model_absent` instead (`tuner.tracking`)."""
         ctx = self.context
 
         def feasible(accuracy: float, latency: float) -> bool:
