@@ -177,69 +177,81 @@ def confirm_front(
     confirmed: list[Confirmation] = []
     given_up: set[str] = set()
     timed_here: Counter[str] = Counter()
-    while True:
-        trials = study.get_trials(deepcopy=False)
-        table = LatencyTable.of_study(storage, study_id)
-        due = _due(trials, table, constraints, protocol.front_sessions, given_up)
-        if not due:
-            return confirmed
-        console.confirming_front(len(due), protocol.front_sessions)
-        measured = Timed({})
-        with tempfile.TemporaryDirectory(prefix="tuner-confirm-") as workdir:
-            rebuilt = rebuilder.rebuild(due, Path(workdir))
+    # Digest -> its rebuilt artifact's call and key, kept while the key is due: a key timed
+    # again is not converted again.
+    rebuilt_here: dict[str, tuple[Callable[..., Any], dict[str, Any]]] = {}
+    with tempfile.TemporaryDirectory(prefix="tuner-confirm-") as workdir:
+        done_passes = 0
+        while True:
+            trials = study.get_trials(deepcopy=False)
+            table = LatencyTable.of_study(storage, study_id)
+            due = _due(trials, table, constraints, protocol.front_sessions, given_up)
+            if not due:
+                return confirmed
+            console.confirming_front(len(due), protocol.front_sessions)
+            digests = {target.digest for target in due}
+            rebuilt_here = {d: made for d, made in rebuilt_here.items() if d in digests}
+            new = [target for target in due if target.digest not in rebuilt_here]
+            rebuilt = rebuilder.rebuild(new, Path(workdir) / str(done_passes))
+            for target in new:
+                if target.label in rebuilt.loaded and target.digest is not None:
+                    made = (rebuilt.loaded[target.label], rebuilt.keys[target.label])
+                    rebuilt_here[target.digest] = made
             skipped = dict(rebuilt.skipped)
+            loaded = {t.label: rebuilt_here[t.digest][0] for t in due if t.digest in rebuilt_here}
+            measured = Timed({})
             # Keys timed again here found too few steady rounds: let the spell pass first.
-            if rebuilt.loaded and any(timed_here[target.digest or ""] for target in due):
-                waited = wait_for_steady(rebuilt.loaded, protocol, _STEADY_WAIT_SECONDS)
+            if loaded and any(timed_here[target.digest or ""] for target in due):
+                waited = wait_for_steady(loaded, protocol, _STEADY_WAIT_SECONDS)
                 console.waited_for_steady(waited, _STEADY_WAIT_SECONDS)
             try:
-                if rebuilt.loaded:
+                if loaded:
                     measured = time_rounds(
-                        rebuilt.loaded,
+                        loaded,
                         rebuilder.example,
                         protocol,
                         on_set_aside=console.rounds_set_aside,
                     )
             except Exception as exc:  # the front keeps the latencies it has
-                skipped.update(
-                    dict.fromkeys(rebuilt.loaded, f"timing failed: {type(exc).__name__}: {exc}")
+                skipped.update(dict.fromkeys(loaded, f"timing failed: {type(exc).__name__}: {exc}"))
+            this_pass = []
+            # Label -> (sessions that count, sessions) of keys left short of them.
+            short: dict[str, tuple[int, int]] = {}
+            for target in due:
+                assert target.digest is not None
+                if target.label not in measured.rounds:
+                    given_up.add(target.digest)
+                    console.not_confirmed(target.label, skipped[target.label])
+                    continue
+                rounds = measured.rounds[target.label]
+                key = rebuilt_here[target.digest][1]
+                record_session(storage, study_id, key, rounds, measured.steady)
+                before = table.result(target.digest)
+                assert before is not None
+                added = table.adding(target.digest, rounds, measured.steady)
+                after = added.result(target.digest)
+                assert after is not None
+                this_pass.append(
+                    Confirmation(
+                        target.label,
+                        before,
+                        LatencyResult.of_rounds(rounds),
+                        after,
+                        measured.steady,
+                    )
                 )
-        this_pass = []
-        # Label -> (sessions that count, sessions) of keys left short of them.
-        short: dict[str, tuple[int, int]] = {}
-        for target in due:
-            assert target.digest is not None
-            if target.label not in measured.rounds:
-                given_up.add(target.digest)
-                console.not_confirmed(target.label, skipped[target.label])
-                continue
-            rounds = measured.rounds[target.label]
-            record_session(storage, study_id, rebuilt.keys[target.label], rounds, measured.steady)
-            before = table.result(target.digest)
-            assert before is not None
-            added = table.adding(target.digest, rounds, measured.steady)
-            after = added.result(target.digest)
-            assert after is not None
-            this_pass.append(
-                Confirmation(
-                    target.label,
-                    before,
-                    LatencyResult.of_rounds(rounds),
-                    after,
-                    measured.steady,
-                )
-            )
-            timed_here[target.digest] += 1
-            # A run times a key at most `front_sessions` times, whatever the machine does.
-            if timed_here[target.digest] >= protocol.front_sessions:
-                given_up.add(target.digest)
-                counted = added.counted_session_count(target.digest)
-                if counted < protocol.front_sessions:
-                    short[target.label] = (counted, added.session_count(target.digest))
-        console.confirmed(this_pass, table.statistic)
-        for label, (counted, sessions) in short.items():
-            console.short_of_steady_sessions(label, counted, sessions)
-        confirmed += this_pass
+                timed_here[target.digest] += 1
+                # A run times a key at most `front_sessions` times, whatever the machine does.
+                if timed_here[target.digest] >= protocol.front_sessions:
+                    given_up.add(target.digest)
+                    counted = added.counted_session_count(target.digest)
+                    if counted < protocol.front_sessions:
+                        short[target.label] = (counted, added.session_count(target.digest))
+            console.confirmed(this_pass, table.statistic)
+            for label, (counted, sessions) in short.items():
+                console.short_of_steady_sessions(label, counted, sessions)
+            confirmed += this_pass
+            done_passes += 1
 
 
 @contextmanager
