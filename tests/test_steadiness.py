@@ -264,9 +264,10 @@ def test_the_noisy_neighbour_keeps_a_core_busy_in_its_spells_only():
     assert [what for what, _ in lines] == ["spell on", "spell off"] * 2
     on, off, on_again, off_again = (float(when.removesuffix(" s")) for _, when in lines)
     assert on < 0.5
-    assert 0.95 <= off - on < 2.0 and 0.45 <= on_again - off < 1.5
+    # Stopping a busy process on a loaded machine has taken a second more.
+    assert 0.95 <= off - on < 4.0 and 0.45 <= on_again - off < 3.5
     # The second spell is cut where the 3 s end.
-    assert min(1.0, 3.0 - on_again) - 0.15 <= off_again - on_again < 2.0
+    assert min(1.0, 3.0 - on_again) - 0.15 <= off_again - on_again < 4.0
     busy = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
     # A process streaming memory for most of the two spells (less where the machine is busy).
     assert 0.8 < busy < took
