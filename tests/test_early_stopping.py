@@ -170,6 +170,10 @@ def test_a_pruned_trial_is_shown_to_samplers_as_the_poor_point_it_stands_for():
             "deploy.latency.steady_attempts=0",
             "'deploy.latency.steady_attempts': 0 must be an int >= 1",
         ),
+        (
+            "deploy.latency.steady_wait_s=-1",
+            "'deploy.latency.steady_wait_s': -1 must be a number >= 0",
+        ),
     ],
 )
 def test_bad_pruning_and_round_settings_are_refused_at_start_up(override, named):

@@ -23,7 +23,7 @@ from tuner.latency_table import LatencyTable
 from tuner.models import build_model
 from tuner.retrain import override_keys
 from tuner.samplers import SAMPLERS
-from tuner.steadiness import MachineReference
+from tuner.steadiness import _REFERENCES, MachineReference
 from tuner.study import modality_for, prepare, run_study
 from tuner.training import batch_loss, initialise_new_layers, train
 
@@ -273,8 +273,6 @@ def _slow_spell(monkeypatch, ends_before_the_front_is_confirmed: bool) -> None:
         reference, "_fastest_call_ms", lambda: next(readings, 9.0 if spell["on"] else 5.0)
     )
     monkeypatch.setattr("tuner.latency.reference_for", lambda num_threads: reference)
-    # No wait for the spell to pass: it does not, or has already.
-    monkeypatch.setattr("tuner.retime._STEADY_WAIT_SECONDS", 0.0)
     confirm_front = tuner.study.confirm_front
 
     def spell_ends_first(*args, **kwargs):
@@ -290,7 +288,8 @@ def _study_through_a_spell(study_dir, monkeypatch, ends_before_the_front_is_conf
     attributes: 5 rounds on the first trained model, 1 added by the second, then the
     confirmation's two sessions (front_sessions=2: the trials' found no steady rounds)."""
     _slow_spell(monkeypatch, ends_before_the_front_is_confirmed)
-    study, client = _run(study_dir, [0.003, 0.003])
+    # No wait for the spell to pass: it does not, or has already.
+    study, client = _run(study_dir, [0.003, 0.003], "deploy.latency.steady_wait_s=0")
     found = [s for n, s in study.user_attrs.items() if n.startswith("latency:")]
     sessions = sorted(found, key=lambda s: s["at"])
     assert [len(s["rounds"]) for s in sessions] == [5, 1, 5, 5]
@@ -334,3 +333,21 @@ def test_a_spell_through_the_confirmation_too_is_timed_front_sessions_times_and_
     assert out.count("(too few steady rounds: the steadiest kept)") == 2
     assert "the machine reference read no steady stretch in 0 s" in out
     assert "0 of its 4 sessions have steady rounds; its latency pools all of them" in out
+
+
+def test_a_study_run_judges_its_rounds_against_readings_of_its_own(study_dir, monkeypatch):
+    # Earlier work in this process left a floor no reading here can come near (0.001 ms; the
+    # reference takes milliseconds): judged against it, every round would be a slow spell.
+    left_behind = MachineReference(_fastest=[0.001, 0.001])
+    monkeypatch.setitem(_REFERENCES, 2, left_behind)
+    # Within 1000x of the run's own floor, every reading is steady.
+    study, _ = _run(
+        study_dir,
+        [0.003, 0.003],
+        "deploy.latency.num_threads=2",
+        "deploy.latency.steady_within=1000",
+        "deploy.latency.front_sessions=1",
+    )
+    sessions = [s for n, s in study.user_attrs.items() if n.startswith("latency:")]
+    assert len(sessions) == 2 and all(s["steady"] is True for s in sessions)
+    assert left_behind._fastest == [0.001, 0.001]

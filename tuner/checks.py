@@ -142,6 +142,7 @@ VALUE_RULES: dict[str, Rule] = {
         "count every round",
     ),
     "deploy.latency.steady_attempts": POSITIVE_INT,
+    "deploy.latency.steady_wait_s": NON_NEGATIVE,
     "study.pruning.enabled": BOOLEAN,
     "study.pruning.min_epochs": POSITIVE_INT,
     "study.pruning.margin": NON_NEGATIVE,

@@ -59,6 +59,9 @@ class LatencyProtocol:
             (`tuner.steadiness`); None: every round counts, none is timed again.
         steady_attempts: rounds a measurement may time per round it keeps, to find steady
             ones; where too few are, it keeps the steadiest. 1: no round is judged.
+        steady_wait_s: seconds the front's confirmation waits, at most, for the machine
+            reference to read steady before it times a key again that found too few steady
+            rounds (`wait_for_steady`).
     """
 
     batch_size: int
@@ -72,6 +75,7 @@ class LatencyProtocol:
     front_sessions: int = 1
     steady_within: float | None = None
     steady_attempts: int = 1
+    steady_wait_s: float = 0.0
 
     @classmethod
     def from_config(cls, latency_cfg: DictConfig) -> LatencyProtocol:
@@ -98,6 +102,7 @@ class LatencyProtocol:
 _FIELD_TYPES: dict[str, Callable[[Any], Any]] = {
     "statistic": str,
     "steady_within": lambda value: None if value is None else float(value),
+    "steady_wait_s": float,
 }
 
 

@@ -57,6 +57,7 @@ _NOT_IN_PROTOCOL_KEY = frozenset(
         "latency.statistic",
         "latency.steady_within",
         "latency.steady_attempts",
+        "latency.steady_wait_s",
     }
 )
 

@@ -18,7 +18,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -50,9 +50,6 @@ from tuner.trial import ModelFactory, untrained_model
 _CLAIM_PREFIX = "front-confirmation:"
 # A claim this old was left by a worker that died holding it.
 _CLAIM_EXPIRES = datetime.timedelta(minutes=30)
-# How long a confirmation waits for a slow spell to pass before timing keys again that found
-# too few steady rounds: spells last seconds to minutes (docs/benchmarks.md, "Steady rounds").
-_STEADY_WAIT_SECONDS = 60.0
 
 
 @dataclass(frozen=True)
@@ -172,86 +169,117 @@ def confirm_front(
     sessions, could not be timed here (said, and left as it was), or has been timed
     `front_sessions` times by this run (said where it is still short of sessions that count).
     A key timed again waits first for the machine reference to read steady
-    (`wait_for_steady`), at most `_STEADY_WAIT_SECONDS`."""
-    storage, study_id = storage_of(study), study_id_of(study)
+    (`wait_for_steady`), at most `protocol.steady_wait_s`."""
+    run = _FrontConfirmation(storage_of(study), study_id_of(study), rebuilder, protocol)
     confirmed: list[Confirmation] = []
-    given_up: set[str] = set()
-    timed_here: Counter[str] = Counter()
-    # Digest -> its rebuilt artifact's call and key, kept while the key is due: a key timed
-    # again is not converted again.
-    rebuilt_here: dict[str, tuple[Callable[..., Any], dict[str, Any]]] = {}
     with tempfile.TemporaryDirectory(prefix="tuner-confirm-") as workdir:
-        done_passes = 0
         while True:
+            table = LatencyTable.of_study(run.storage, run.study_id)
             trials = study.get_trials(deepcopy=False)
-            table = LatencyTable.of_study(storage, study_id)
-            due = _due(trials, table, constraints, protocol.front_sessions, given_up)
+            due = _due(trials, table, constraints, protocol.front_sessions, run.given_up)
             if not due:
                 return confirmed
             console.confirming_front(len(due), protocol.front_sessions)
-            digests = {target.digest for target in due}
-            rebuilt_here = {d: made for d, made in rebuilt_here.items() if d in digests}
-            new = [target for target in due if target.digest not in rebuilt_here]
-            rebuilt = rebuilder.rebuild(new, Path(workdir) / str(done_passes))
-            for target in new:
-                if target.label in rebuilt.loaded and target.digest is not None:
-                    made = (rebuilt.loaded[target.label], rebuilt.keys[target.label])
-                    rebuilt_here[target.digest] = made
-            skipped = dict(rebuilt.skipped)
-            loaded = {t.label: rebuilt_here[t.digest][0] for t in due if t.digest in rebuilt_here}
-            measured = Timed({})
-            # Keys timed again here found too few steady rounds: let the spell pass first.
-            if loaded and any(timed_here[target.digest or ""] for target in due):
-                waited = wait_for_steady(loaded, protocol, _STEADY_WAIT_SECONDS)
-                console.waited_for_steady(waited, _STEADY_WAIT_SECONDS)
-            try:
-                if loaded:
-                    measured = time_rounds(
-                        loaded,
-                        rebuilder.example,
-                        protocol,
-                        on_set_aside=console.rounds_set_aside,
-                    )
-            except Exception as exc:  # the front keeps the latencies it has
-                skipped.update(dict.fromkeys(loaded, f"timing failed: {type(exc).__name__}: {exc}"))
-            this_pass = []
-            # Label -> (sessions that count, sessions) of keys left short of them.
-            short: dict[str, tuple[int, int]] = {}
-            for target in due:
-                assert target.digest is not None
-                if target.label not in measured.rounds:
-                    given_up.add(target.digest)
-                    console.not_confirmed(target.label, skipped[target.label])
-                    continue
-                rounds = measured.rounds[target.label]
-                key = rebuilt_here[target.digest][1]
-                record_session(storage, study_id, key, rounds, measured.steady)
-                before = table.result(target.digest)
-                assert before is not None
-                added = table.adding(target.digest, rounds, measured.steady)
-                after = added.result(target.digest)
-                assert after is not None
-                this_pass.append(
-                    Confirmation(
-                        target.label,
-                        before,
-                        LatencyResult.of_rounds(rounds),
-                        after,
-                        measured.steady,
-                    )
-                )
-                timed_here[target.digest] += 1
-                # A run times a key at most `front_sessions` times, whatever the machine does.
-                if timed_here[target.digest] >= protocol.front_sessions:
-                    given_up.add(target.digest)
-                    counted = added.counted_session_count(target.digest)
-                    if counted < protocol.front_sessions:
-                        short[target.label] = (counted, added.session_count(target.digest))
-            console.confirmed(this_pass, table.statistic)
-            for label, (counted, sessions) in short.items():
-                console.short_of_steady_sessions(label, counted, sessions)
-            confirmed += this_pass
-            done_passes += 1
+            confirmed += run.time_again(due, table, Path(workdir) / str(run.passes))
+
+
+@dataclass
+class _FrontConfirmation:
+    """One run's confirmation of its study's front, carried from pass to pass: the keys it is
+    done with (timed `front_sessions` times here, or not timeable here), how often it timed
+    each key, and each due key's rebuilt artifact (its call and latency key), kept so that a
+    key timed again is not converted again."""
+
+    storage: optuna.storages.BaseStorage
+    study_id: int
+    rebuilder: Rebuilder
+    protocol: LatencyProtocol
+    given_up: set[str] = field(default_factory=set)
+    timed_here: Counter[str] = field(default_factory=Counter)
+    rebuilt_here: dict[str, tuple[Callable[..., Any], dict[str, Any]]] = field(default_factory=dict)
+    passes: int = 0
+
+    def time_again(
+        self, due: Sequence[Target], table: LatencyTable, workdir: Path
+    ) -> list[Confirmation]:
+        """One pass: `due`'s keys timed in interleaved rounds, each session recorded in the
+        study's table (`table` is the table before them); says what moved, which keys could
+        not be timed, and which stay short of sessions that count."""
+        loaded, skipped = self._artifacts(due, workdir)
+        measured = self._timed(due, loaded, skipped)
+        this_pass = []
+        # Label -> (sessions that count, sessions) of keys left short of them.
+        short: dict[str, tuple[int, int]] = {}
+        for target in due:
+            assert target.digest is not None
+            if target.label not in measured.rounds:
+                self.given_up.add(target.digest)
+                console.not_confirmed(target.label, skipped[target.label])
+                continue
+            rounds = measured.rounds[target.label]
+            key = self.rebuilt_here[target.digest][1]
+            record_session(self.storage, self.study_id, key, rounds, measured.steady)
+            before = table.result(target.digest)
+            assert before is not None
+            added = table.adding(target.digest, rounds, measured.steady)
+            after = added.result(target.digest)
+            assert after is not None
+            session = LatencyResult.of_rounds(rounds)
+            this_pass.append(Confirmation(target.label, before, session, after, measured.steady))
+            self.timed_here[target.digest] += 1
+            # A run times a key at most `front_sessions` times, whatever the machine does.
+            if self.timed_here[target.digest] >= self.protocol.front_sessions:
+                self.given_up.add(target.digest)
+                counted = added.counted_session_count(target.digest)
+                if counted < self.protocol.front_sessions:
+                    short[target.label] = (counted, added.session_count(target.digest))
+        console.confirmed(this_pass, table.statistic)
+        for label, (counted, sessions) in short.items():
+            console.short_of_steady_sessions(label, counted, sessions)
+        self.passes += 1
+        return this_pass
+
+    def _artifacts(
+        self, due: Sequence[Target], workdir: Path
+    ) -> tuple[dict[str, Callable[..., Any]], dict[str, str]]:
+        """Label -> the call of each due key's artifact (rebuilt here unless an earlier pass
+        did), and label -> why a target could not be rebuilt."""
+        digests = {target.digest for target in due}
+        self.rebuilt_here = {d: made for d, made in self.rebuilt_here.items() if d in digests}
+        new = [target for target in due if target.digest not in self.rebuilt_here]
+        rebuilt = self.rebuilder.rebuild(new, workdir)
+        for target in new:
+            if target.label in rebuilt.loaded and target.digest is not None:
+                made = (rebuilt.loaded[target.label], rebuilt.keys[target.label])
+                self.rebuilt_here[target.digest] = made
+        loaded = {
+            target.label: self.rebuilt_here[target.digest][0]
+            for target in due
+            if target.digest in self.rebuilt_here
+        }
+        return loaded, dict(rebuilt.skipped)
+
+    def _timed(
+        self,
+        due: Sequence[Target],
+        loaded: Mapping[str, Callable[..., Any]],
+        skipped: dict[str, str],
+    ) -> Timed:
+        """`loaded` timed in interleaved rounds, after waiting for a steady stretch where this
+        run timed a due key before (it found too few steady rounds); a failed timing leaves
+        every target in `skipped` with the reason."""
+        if not loaded:
+            return Timed({})
+        if any(self.timed_here[target.digest or ""] for target in due):
+            waited = wait_for_steady(loaded, self.protocol, self.protocol.steady_wait_s)
+            console.waited_for_steady(waited, self.protocol.steady_wait_s)
+        try:
+            return time_rounds(
+                loaded, self.rebuilder.example, self.protocol, on_set_aside=console.rounds_set_aside
+            )
+        except Exception as exc:  # the front keeps the latencies it has
+            skipped.update(dict.fromkeys(loaded, f"timing failed: {type(exc).__name__}: {exc}"))
+            return Timed({})
 
 
 @contextmanager

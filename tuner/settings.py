@@ -45,6 +45,7 @@ _NOT_SHAPING = frozenset(
         "deploy.latency.front_sessions",
         "deploy.latency.steady_within",
         "deploy.latency.steady_attempts",
+        "deploy.latency.steady_wait_s",
     }
 )
 # Settings added after studies were made: what a study that lacks one was made with.

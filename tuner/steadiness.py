@@ -76,14 +76,23 @@ def fastest_call_ms(call: Callable[[], object], calls: int) -> float:
     return fastest
 
 
-# One per process and thread count: its floor is what every later measurement here, on as many
-# threads, is judged against.
+# One per thread count, from the start of the process or of its latest study run
+# (`forget_readings`): its floor is what every later measurement, on as many threads, is
+# judged against.
 _REFERENCES: dict[int, MachineReference] = {}
 
 
 def reference_for(num_threads: int) -> MachineReference:
-    """This process's reference on `num_threads` threads (the caller pins them)."""
+    """The reference on `num_threads` threads (the caller pins them)."""
     return _REFERENCES.setdefault(num_threads, MachineReference())
+
+
+def forget_readings() -> None:
+    """Start every floor afresh. A study run judges its rounds against readings of its own: a
+    process that ran other work before (a notebook's earlier studies, a test session) can read
+    slower for good than at its quietest moment, and every round of the run would then look
+    like a slow spell."""
+    _REFERENCES.clear()
 
 
 def near_floor(reading_ms: float, floor_ms: float, within: float) -> bool:

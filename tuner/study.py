@@ -71,6 +71,7 @@ from tuner.retrain import override_keys
 from tuner.samplers import SAMPLERS
 from tuner.settings import DIRECTIONS, check_change_keys, settings_of, settle
 from tuner.space import SearchSpace
+from tuner.steadiness import forget_readings
 from tuner.storage import Heartbeat, is_sqlite, live_trial_numbers, open_storage
 from tuner.teacher import ensure_trained, teachers_for
 from tuner.tracking import Tracker
@@ -237,6 +238,7 @@ def run_study(
     prepared = prepare(raw_cfg, sources or {}, override_keys(overrides))
     cfg, space = prepared.cfg, prepared.space
     torch.set_num_threads(int(cfg.train.num_threads or os.cpu_count() or 1))
+    forget_readings()
 
     splits = load_splits(cfg.data)
     modality = modality_for(cfg, space, splits)
