@@ -23,11 +23,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from retime_front import study_front
 
 from tuner.backends.cpu import isa_flags
 from tuner.latency import cpu_model, pinned_threads
 from tuner.steadiness import fastest_call_ms, reference_for, steady_rounds
+from tuner.stored_front import study_front
 
 # A window within this fraction of the point's fastest counts as near it.
 _NEAR = 0.10

@@ -28,69 +28,17 @@ import sys
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
-import optuna
-
 from tuner import console
-from tuner.backends import ExampleInputs
 from tuner.backends.cpu import isa_flags
-from tuner.config import compose_config
-from tuner.data import load_splits
-from tuner.edits import EDITS
-from tuner.front import study_points
-from tuner.latency import LatencyProtocol, LatencyResult, cpu_model, time_rounds
+from tuner.latency import LatencyResult, cpu_model, time_rounds
 from tuner.latency_table import LatencyTable
-from tuner.retime import Rebuilder, Target, target_of
-from tuner.retrain import override_keys
-from tuner.study import calibration_inputs, modality_for, prepare, protocol_record_of
-from tuner.trial import ModelFactory
+from tuner.retime import Target
+from tuner.stored_front import study_front
 
 # A move smaller than this counts as holding still (the goal in docs/benchmarks.md).
 _WITHIN_PCT = 10.0
-
-
-@dataclass(frozen=True)
-class StudyFront:
-    """A study's front ready to rebuild: the study, its latency table and protocol, the timed
-    input, the rebuilder and one target per front point."""
-
-    study: optuna.Study
-    table: LatencyTable
-    protocol: LatencyProtocol
-    example: ExampleInputs
-    rebuilder: Rebuilder
-    targets: list[Target]
-
-
-def study_front(overrides: Sequence[str]) -> StudyFront:
-    """The front of the study the overrides compose (read from its storage, nothing written)."""
-    console.quiet_libraries()
-    prepared = prepare(compose_config(list(overrides)), {}, override_keys(list(overrides)))
-    cfg = prepared.cfg
-    study = optuna.load_study(study_name=str(cfg.study.name), storage=str(cfg.study.storage))
-    splits = load_splits(cfg.data)
-    modality = modality_for(cfg, prepared.space, splits)
-    protocol = LatencyProtocol.from_config(cfg.deploy.latency)
-    example = modality.example(splits.val.items, protocol)
-    rebuilder = Rebuilder(
-        cfg,
-        ModelFactory(splits.num_labels, {EDITS.get(n).config_key for n in EDITS}),
-        example,
-        calibration_inputs(
-            modality.encode(splits.train.items, splits.train.labels),
-            int(cfg.deploy.calibration_samples),
-        ),
-        protocol_record_of(cfg, protocol, example),
-    )
-    trials = {t.number: t for t in study.get_trials(deepcopy=False)}
-    targets = [
-        target_of(trials[p.trial_number], p.backend) for p in study_points(study) if p.pareto
-    ]
-    return StudyFront(
-        study, LatencyTable.of_attrs(study.user_attrs), protocol, example, rebuilder, targets
-    )
 
 
 def main(argv: list[str]) -> None:
