@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -215,14 +216,22 @@ def test_waiting_for_steady_reads_the_reference_until_a_spell_passes(monkeypatch
     reference = _REFERENCES[1]
     reference.reading_ms(), reference.reading_ms()
     protocol = LatencyProtocol(
-        1, 16, 1, warmup=1, repeats=4, rounds=2, steady_within=0.1, steady_attempts=3
+        1,
+        16,
+        1,
+        warmup=1,
+        repeats=4,
+        rounds=2,
+        steady_within=0.1,
+        steady_attempts=3,
+        steady_wait_s=60.0,
     )
     on_cpu = {"a": lambda *_: None}
-    waited = wait_for_steady(on_cpu, protocol, timeout_s=60.0, poll_s=0.0)
+    waited = wait_for_steady(on_cpu, protocol, poll_s=0.0)
     assert waited is not None and 0.0 <= waited < 60.0
     assert taken == [5.0, 5.0, 9.0, 8.0, 5.2]
     # A spell that outlasts the timeout: one reading, then None.
-    assert wait_for_steady(on_cpu, protocol, timeout_s=1.0, poll_s=2.0) is None
+    assert wait_for_steady(on_cpu, replace(protocol, steady_wait_s=1.0), poll_s=2.0) is None
     assert taken[-1] == 9.0 and len(taken) == 6
 
 
@@ -231,16 +240,25 @@ def test_nothing_is_waited_for_where_rounds_are_not_judged(monkeypatch):
     on_cpu = {"a": lambda *_: None}
     for within, attempts in ((None, 3), (0.1, 1)):
         protocol = LatencyProtocol(
-            1, 16, 1, warmup=1, repeats=4, steady_within=within, steady_attempts=attempts
+            1,
+            16,
+            1,
+            warmup=1,
+            repeats=4,
+            steady_within=within,
+            steady_attempts=attempts,
+            steady_wait_s=60.0,
         )
-        assert wait_for_steady(on_cpu, protocol, timeout_s=60.0) == 0.0
+        assert wait_for_steady(on_cpu, protocol) == 0.0
 
     def on_gpu(*_):
         return None
 
     on_gpu.device = torch.device("cuda")  # type: ignore[attr-defined]
-    judged = LatencyProtocol(1, 16, 1, warmup=1, repeats=4, steady_within=0.1, steady_attempts=3)
-    assert wait_for_steady({"gpu": on_gpu}, judged, timeout_s=60.0) == 0.0
+    judged = LatencyProtocol(
+        1, 16, 1, warmup=1, repeats=4, steady_within=0.1, steady_attempts=3, steady_wait_s=60.0
+    )
+    assert wait_for_steady({"gpu": on_gpu}, judged) == 0.0
     assert taken == []
 
 

@@ -293,12 +293,12 @@ def _judged_within(protocol: LatencyProtocol, clocks: Iterable[Clock]) -> float 
 def wait_for_steady(
     callables: Mapping[str, Callable[..., torch.Tensor]],
     protocol: LatencyProtocol,
-    timeout_s: float,
     poll_s: float = 2.0,
 ) -> float | None:
     """Read the machine reference every `poll_s` seconds until it reads within
-    `protocol.steady_within` of its floor, for at most `timeout_s`: the seconds waited, or None
-    where no reading was. Nothing is waited for where rounds of `callables` are not judged."""
+    `protocol.steady_within` of its floor, for at most `protocol.steady_wait_s`: the seconds
+    waited, or None where no reading was. Nothing is waited for where rounds of `callables` are
+    not judged."""
     within = _judged_within(protocol, [_clock_of(logits_of) for logits_of in callables.values()])
     if within is None:
         return 0.0
@@ -306,7 +306,7 @@ def wait_for_steady(
     started = time.monotonic()
     with pinned_threads(protocol.num_threads), torch.inference_mode():
         while not near_floor(reference.reading_ms(), reference.floor_ms, within):
-            if time.monotonic() - started + poll_s > timeout_s:
+            if time.monotonic() - started + poll_s > protocol.steady_wait_s:
                 return None
             time.sleep(poll_s)
     return time.monotonic() - started

@@ -176,7 +176,7 @@ def confirm_front(
         while True:
             table = LatencyTable.of_study(run.storage, run.study_id)
             trials = study.get_trials(deepcopy=False)
-            due = _due(trials, table, constraints, protocol.front_sessions, run.given_up)
+            due = _due(trials, table, constraints, protocol.front_sessions, run.done_with)
             if not due:
                 return confirmed
             console.confirming_front(len(due), protocol.front_sessions)
@@ -194,7 +194,7 @@ class _FrontConfirmation:
     study_id: int
     rebuilder: Rebuilder
     protocol: LatencyProtocol
-    given_up: set[str] = field(default_factory=set)
+    done_with: set[str] = field(default_factory=set)
     timed_here: Counter[str] = field(default_factory=Counter)
     rebuilt_here: dict[str, tuple[Callable[..., Any], dict[str, Any]]] = field(default_factory=dict)
     passes: int = 0
@@ -213,7 +213,7 @@ class _FrontConfirmation:
         for target in due:
             assert target.digest is not None
             if target.label not in measured.rounds:
-                self.given_up.add(target.digest)
+                self.done_with.add(target.digest)
                 console.not_confirmed(target.label, skipped[target.label])
                 continue
             rounds = measured.rounds[target.label]
@@ -229,7 +229,7 @@ class _FrontConfirmation:
             self.timed_here[target.digest] += 1
             # A run times a key at most `front_sessions` times, whatever the machine does.
             if self.timed_here[target.digest] >= self.protocol.front_sessions:
-                self.given_up.add(target.digest)
+                self.done_with.add(target.digest)
                 counted = added.counted_session_count(target.digest)
                 if counted < self.protocol.front_sessions:
                     short[target.label] = (counted, added.session_count(target.digest))
@@ -271,7 +271,7 @@ class _FrontConfirmation:
         if not loaded:
             return Timed({})
         if any(self.timed_here[target.digest or ""] for target in due):
-            waited = wait_for_steady(loaded, self.protocol, self.protocol.steady_wait_s)
+            waited = wait_for_steady(loaded, self.protocol)
             console.waited_for_steady(waited, self.protocol.steady_wait_s)
         try:
             return time_rounds(
@@ -339,11 +339,12 @@ def _due(
     table: LatencyTable,
     constraints: Constraints,
     sessions: int,
-    given_up: set[str],
+    done_with: set[str],
 ) -> list[Target]:
     """One target per front latency key with fewer than `sessions` sessions that count (and
-    one at least: a key with none has never been timed). None where `sessions` is 1: a key's
-    first session is all it asks, whatever its rounds were."""
+    one at least: a key with none has never been timed), leaving out those in `done_with`.
+    None where `sessions` is 1: a key's first session is all it asks, whatever its rounds
+    were."""
     if sessions < 2:
         return []
     points = points_of(trials, constraints, table)
@@ -355,7 +356,7 @@ def _due(
             point.pareto
             and target.digest
             and target.digest not in due
-            and target.digest not in given_up
+            and target.digest not in done_with
             and table.session_count(target.digest) > 0
             and table.counted_session_count(target.digest) < sessions
         ):
