@@ -19,7 +19,7 @@ from tuner.samplers import SAMPLERS
 from tuner.settings import CHANGES_ATTR
 from tuner.study import run_study
 from tuner.tracking import Tracker
-from tuner.trial import CONFIGURATION_ATTR
+from tuner.trial_points import CONFIGURATION_ATTR
 
 pytestmark = pytest.mark.slow
 

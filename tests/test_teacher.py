@@ -27,7 +27,7 @@ from tuner.recipe import ModelRecipe
 from tuner.settings import SETTINGS_ATTR
 from tuner.study import run_study
 from tuner.teacher import STORED_ATTR, TRIAL_ATTR, StoredTeacher, save_teacher
-from tuner.trial import ARCHITECTURE_ATTR
+from tuner.trial_points import ARCHITECTURE_ATTR
 
 TrialState = optuna.trial.TrialState
 SMOKE = ("+experiment=bert_ffn", "debug=smoke", "deploy.backend=eager")

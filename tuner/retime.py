@@ -42,9 +42,9 @@ from tuner.latency_table import (
     stored_key,
     structure_of,
 )
+from tuner.model_factory import ModelFactory, untrained_model
 from tuner.optuna_compat import storage_of, study_id_of
 from tuner.recipe import ModelRecipe
-from tuner.trial import ModelFactory, untrained_model
 
 # Study user attributes: one per worker confirming the front (`front_lock`).
 _CLAIM_PREFIX = "front-confirmation:"

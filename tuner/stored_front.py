@@ -17,10 +17,10 @@ from tuner.edits import EDITS
 from tuner.front import study_points
 from tuner.latency import LatencyProtocol
 from tuner.latency_table import LatencyTable
+from tuner.model_factory import ModelFactory
 from tuner.retime import Rebuilder, Target, target_of
 from tuner.retrain import override_keys
 from tuner.study import calibration_inputs, modality_for, prepare, protocol_record_of
-from tuner.trial import ModelFactory
 
 
 @dataclass(frozen=True)

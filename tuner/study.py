@@ -23,6 +23,7 @@ from optuna.trial import TrialState
 from tuner import budget, console
 from tuner.backends import BACKENDS, ExampleInputs, unavailable_backends
 from tuner.backends.cpu import unknown_cpu_notice
+from tuner.budget import BACKEND_KEY
 from tuner.checks import candidate_values, check_config, defined_in
 from tuner.config import (
     apply_debug,
@@ -51,6 +52,7 @@ from tuner.insight.roofline import MachinePeak
 from tuner.latency import LatencyProtocol, gpu_record, objective_name
 from tuner.latency_table import LatencyTable
 from tuner.modalities import MODALITIES, Modality
+from tuner.model_factory import ModelFactory
 from tuner.models import MODEL_FAMILIES
 from tuner.optuna_compat import (
     FilteredSampler,
@@ -75,7 +77,8 @@ from tuner.steadiness import forget_readings
 from tuner.storage import Heartbeat, is_sqlite, live_trial_numbers, open_storage
 from tuner.teacher import ensure_trained, teachers_for
 from tuner.tracking import Tracker
-from tuner.trial import BACKEND_KEY, ModelFactory, Objective, ServingContext, TrialContext
+from tuner.trial import Objective
+from tuner.trial_context import ServingContext, TrialContext
 
 DEPLOY_DEVICE_KEY = "deploy.device"
 
