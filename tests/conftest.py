@@ -23,7 +23,7 @@ from tuner.recipe import ModelRecipe
 REPO = Path(__file__).resolve().parent.parent
 # Backends whose conversion compiles with Inductor, 10-25 s a case on 2 cores: their
 # per-backend cases run in the full suite, not in the fast selection.
-COMPILING = frozenset({"compile", "compile_frozen"})
+COMPILING = frozenset({"compile", "compile_frozen", "compile_frozen_bf16"})
 
 
 def listed_backends(*overrides: str) -> list[str]:

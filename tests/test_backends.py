@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 
 from tuner.backends import BACKENDS, Backend, ExampleInputs
 from tuner.data.tokens import TokenizedTexts
-from tuner.deploy import deploy_on, reference_of
+from tuner.deploy import convert, deploy_on, reference_of
 from tuner.recipe import ModelRecipe
 
 # Largest |logit - eager logit| each backend may show on each tiny model. A new backend must
@@ -25,6 +25,7 @@ TOLERANCE = {
         "eager": 0.0,
         "compile": 1e-4,
         "compile_frozen": 1e-4,
+        "compile_frozen_bf16": 0.05,
         "merged_qkv": 1e-4,
         "onnxruntime": 1e-4,
         "onnxruntime_fused": 1e-4,
@@ -45,6 +46,7 @@ TOLERANCE = {
         "conv_bn_folded": 1e-4,
         "compile": 1e-4,
         "compile_frozen": 1e-4,
+        "compile_frozen_bf16": 0.3,
         "onnxruntime": 1e-4,
         "onnxruntime_fused": 1e-4,
         "bf16": 0.3,
@@ -605,3 +607,30 @@ def test_bad_mixed_precision_and_batching_settings_are_refused_at_start_up(overr
     with pytest.raises(ConfigError) as refused:
         prepare(compose_config(args), {}, [override.split("=")[0]])
     assert named in str(refused.value)
+
+
+@pytest.mark.slow
+def test_a_compiled_backend_compiles_every_architecture_one_process_loads(val_data, tmp_path):
+    """Five architectures, each called at batch 1 and batch 8: ten compiled graphs, more than
+    Dynamo keeps for one function (8), after which it would run further models eagerly."""
+    from torch._dynamo.utils import counters
+
+    name = "compile_frozen"
+    if BACKENDS.get(name).unavailable_reason():
+        pytest.skip(f"{name} is unavailable here: {BACKENDS.get(name).unavailable_reason()}")
+    example = _example(val_data)
+    batch = next(val_data.batches(8)).inputs
+    for width in (64, 128, 192, 256, 320):
+        model_cfg = copy.deepcopy(TINY_BERT.model)
+        model_cfg["config_overrides"]["intermediate_size"] = width
+        recipe = ModelRecipe(model=model_cfg, num_labels=2)
+        torch.manual_seed(width)
+        model = recipe.build().eval()
+        graphs = counters["stats"]["unique_graphs"]
+        converted = convert(name, model, recipe, example, DEPLOY, tmp_path / str(width))
+        with torch.no_grad():
+            logits = converted.logits_of(*batch)
+            expected = model(*batch)
+        # Both shapes compiled for this model (batch 1 during conversion), none run eagerly.
+        assert counters["stats"]["unique_graphs"] - graphs == 2, width
+        assert (logits - expected).abs().max() <= TOLERANCE["text"][name]

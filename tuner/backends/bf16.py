@@ -16,7 +16,8 @@ from tuner.backends.torch_files import load_weights, save_weights
 from tuner.insight.roofline import BF16
 
 
-def _export(model: nn.Module, ctx: ConversionContext) -> Path:
+def export_bf16_weights(model: nn.Module, ctx: ConversionContext) -> Path:
+    """The model saved in bfloat16: what autocast computes its matmuls with, at half the size."""
     shipped = copy.deepcopy(model).eval().to(torch.bfloat16)
     return save_weights(shipped, ctx.recipe, ctx.workdir / "model.bf16.safetensors")
 
@@ -36,7 +37,7 @@ def _load(artifact: Path, deploy: DictConfig) -> Logits:
 BACKENDS.register("bf16")(
     Backend(
         name="bf16",
-        export=_export,
+        export=export_bf16_weights,
         load=_load,
         unavailable_reason=native_bf16_unavailable,
         precision=BF16,

@@ -21,7 +21,7 @@ import torch
 from omegaconf import DictConfig
 
 from tuner.backends.base import BACKENDS, FP16, Backend, Logits
-from tuner.backends.compiled import INDUCTOR_KERNELS
+from tuner.backends.compiled import INDUCTOR_KERNELS, compiled_alone
 from tuner.backends.torch_files import export_weights, load_weights
 from tuner.insight.roofline import BF16, FP32
 
@@ -83,7 +83,7 @@ class _Variant:
     def load(self, artifact: Path, deploy: DictConfig) -> Logits:
         device = torch.device(str(deploy.device))
         model = load_weights(artifact).to(device)
-        forward = torch.compile(model, dynamic=True) if self.compiled else model
+        forward = compiled_alone(model, dynamic=True) if self.compiled else model
         return OnGpu(forward, device, self.autocast_dtype)
 
 
