@@ -33,7 +33,9 @@ from tuner.backends.torch_files import export_weights, load_weights
 from tuner.insight.roofline import BF16
 
 
-def _frozen(precision: Callable[[], contextlib.AbstractContextManager]):
+def _frozen(
+    precision: Callable[[], contextlib.AbstractContextManager],
+) -> Callable[[Path, DictConfig], Logits]:
     """A loader compiling the model with freezing and calling it inside `precision`."""
 
     def load(artifact: Path, deploy: DictConfig) -> Logits:
