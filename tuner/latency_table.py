@@ -33,7 +33,7 @@ import optuna
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from tuner.edits import EDITS
+from tuner.edits import edit_keys
 from tuner.latency import DEFAULT_STATISTIC, STATISTIC_KEY, LatencyResult
 from tuner.settings import settings_in
 
@@ -91,7 +91,7 @@ def latency_key(
     model = OmegaConf.to_container(model_cfg, resolve=True)
     assert isinstance(model, dict)
     family = MODEL_FAMILIES.get(str(model["family"]))
-    sizing = {EDITS.get(name).config_key for name in EDITS} | set(family.size_keys)
+    sizing = edit_keys() | set(family.size_keys)
     return {
         "model": {k: v for k, v in model.items() if k not in _TRAINING_ONLY | sizing},
         "structure": hashlib.sha256(json.dumps(list(structure)).encode()).hexdigest(),

@@ -13,7 +13,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from tuner.edits import apply_edits, resolved_edits
+from tuner.edits import apply_edits, edit_keys, resolved_edits
 from tuner.models import build_model
 from tuner.teacher import student_of
 from tuner.training import initialise_new_layers
@@ -44,9 +44,8 @@ class ModelFactory:
     ignores, so most trials start from a copy of one loaded model.
     """
 
-    def __init__(self, num_labels: int, edit_keys: set[str]) -> None:
+    def __init__(self, num_labels: int) -> None:
         self.num_labels = num_labels
-        self.edit_keys = edit_keys
         self._key: str | None = None
         self._model: nn.Module | None = None
 
@@ -61,8 +60,9 @@ class ModelFactory:
     def _base(self, model_cfg: DictConfig, seed: int) -> nn.Module:
         values = OmegaConf.to_container(model_cfg)
         assert isinstance(values, dict)
+        edited = edit_keys()
         key = json.dumps(
-            {"seed": seed, **{k: v for k, v in values.items() if k not in self.edit_keys}},
+            {"seed": seed, **{k: v for k, v in values.items() if k not in edited}},
             sort_keys=True,
             default=str,
         )

@@ -13,7 +13,6 @@ from tuner import console
 from tuner.backends import ExampleInputs
 from tuner.config import compose_config
 from tuner.data import load_splits
-from tuner.edits import EDITS
 from tuner.front import study_points
 from tuner.latency import LatencyProtocol
 from tuner.latency_table import LatencyTable
@@ -48,7 +47,7 @@ def study_front(overrides: Sequence[str]) -> StudyFront:
     example = modality.example(splits.val.items, protocol)
     rebuilder = Rebuilder(
         cfg,
-        ModelFactory(splits.num_labels, {EDITS.get(n).config_key for n in EDITS}),
+        ModelFactory(splits.num_labels),
         example,
         calibration_inputs(
             modality.encode(splits.train.items, splits.train.labels),

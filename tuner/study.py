@@ -245,8 +245,7 @@ def run_study(
 
     splits = load_splits(cfg.data)
     modality = modality_for(cfg, space, splits)
-    edit_keys = {EDITS.get(name).config_key for name in EDITS}
-    factory = ModelFactory(splits.num_labels, edit_keys)
+    factory = ModelFactory(splits.num_labels)
     _check_edits(factory, prepared)
     protocol = LatencyProtocol.from_config(cfg.deploy.latency)
     example = modality.example(splits.val.items, protocol)

@@ -39,7 +39,7 @@ from tuner import console
 from tuner.backends.torch_files import load_weights, read_recipe, save_weights
 from tuner.budget import BACKEND_KEY, RETRY_HISTORY
 from tuner.data.batches import Encoded
-from tuner.edits import EDITS, apply_edits
+from tuner.edits import apply_edits, edit_keys
 from tuner.errors import ConfigError, StudyStopped
 from tuner.models import MODEL_FAMILIES
 from tuner.optuna_compat import trial_id_of
@@ -99,7 +99,7 @@ def student_of(
 
 
 def _edit_keys() -> set[str]:
-    return {f"model.{EDITS.get(name).config_key}" for name in EDITS}
+    return {f"model.{key}" for key in edit_keys()}
 
 
 def is_trained_in_study(reference: Any) -> bool:
@@ -123,13 +123,13 @@ def teacher_params(
     distilled itself, and started from the model's own weights."""
     number = _trial_number(reference)
     if number is None:
-        edit_keys = _edit_keys()
+        edited = _edit_keys()
         params = {
-            key: None if key in edit_keys else OmegaConf.select(cfg, key)
+            key: None if key in edited else OmegaConf.select(cfg, key)
             for key in space.distributions
             if key != BACKEND_KEY
         }
-        params.update({key: None for key in edit_keys if OmegaConf.select(cfg, key) is not None})
+        params.update({key: None for key in edited if OmegaConf.select(cfg, key) is not None})
     else:
         chosen = next((t for t in trials if t.number == number), None)
         if chosen is None or chosen.state != TrialState.COMPLETE:

@@ -22,13 +22,18 @@ def export_bf16_weights(model: nn.Module, ctx: ConversionContext) -> Path:
     return save_weights(shipped, ctx.recipe, ctx.workdir / "model.bf16.safetensors")
 
 
+def cpu_bf16() -> torch.autocast:
+    """CPU autocast to bfloat16: matmuls and convolutions in bf16, norms and softmax in fp32."""
+    return torch.autocast("cpu", dtype=torch.bfloat16)
+
+
 def _load(artifact: Path, deploy: DictConfig) -> Logits:
     # Autocast keeps norms and softmax in fp32, so the stored bf16 weights are widened once here
     # (loading casts them into the fp32 architecture) and each matmul casts back to bf16.
     model = load_weights(artifact)
 
     def logits_of(*inputs: torch.Tensor) -> torch.Tensor:
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with cpu_bf16():
             return model(*inputs).float()
 
     return logits_of

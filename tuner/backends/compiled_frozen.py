@@ -26,7 +26,7 @@ import torch
 from omegaconf import DictConfig
 
 from tuner.backends.base import BACKENDS, Backend, Logits
-from tuner.backends.bf16 import export_bf16_weights
+from tuner.backends.bf16 import cpu_bf16, export_bf16_weights
 from tuner.backends.compiled import INDUCTOR_KERNELS, compile_unavailable, compiled_alone
 from tuner.backends.cpu import native_bf16_unavailable
 from tuner.backends.torch_files import export_weights, load_weights
@@ -70,7 +70,7 @@ BACKENDS.register("compile_frozen_bf16")(
     Backend(
         name="compile_frozen_bf16",
         export=export_bf16_weights,
-        load=_frozen(lambda: torch.autocast("cpu", dtype=torch.bfloat16)),
+        load=_frozen(cpu_bf16),
         unavailable_reason=_bf16_unavailable,
         precision=BF16,
         graph=None,

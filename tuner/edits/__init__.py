@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from tuner.edits.base import EDITS, SAME_EDIT, Edit, apply_edits, resolved_edits
+from tuner.edits.base import EDITS, SAME_EDIT, Edit, apply_edits, edit_keys, resolved_edits
 
 # Importing the modules registers their edits.
 from tuner.edits import depth, ffn_width  # noqa: E402,F401  isort: skip
 
-__all__ = ["EDITS", "SAME_EDIT", "Edit", "apply_edits", "resolved_edits"]
+__all__ = ["EDITS", "SAME_EDIT", "Edit", "apply_edits", "edit_keys", "resolved_edits"]

@@ -31,6 +31,12 @@ class Edit:
 
 EDITS: Registry[Edit] = Registry("model")
 
+
+def edit_keys() -> set[str]:
+    """The `model.*` keys (without the prefix) that an edit reads."""
+    return {EDITS.get(name).config_key for name in EDITS}
+
+
 # Keys that set one edit two ways (absolute, or relative to the loaded model): one at a time.
 SAME_EDIT = (("ffn_width", "ffn_width_fraction"), ("num_layers", "num_layers_fraction"))
 
