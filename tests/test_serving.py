@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from conftest import COMPILING, PROTOCOL, REPO
+from conftest import COMPILING, PROTOCOL, REPO, TINY_BERT, TINY_BERT_DIR
 from omegaconf import OmegaConf
 from test_backends import DEPLOY
 
@@ -16,7 +16,6 @@ from tuner.backends import BACKENDS, unavailable_backends
 from tuner.deploy import convert
 from tuner.modalities.image import ImageModality
 from tuner.modalities.text import TextModality
-from tuner.recipe import ModelRecipe
 from tuner.serving import PointSpec, deploy_config, log_point_model
 from tuner.training import collect_logits
 
@@ -40,7 +39,8 @@ def _available(modality: str) -> list:
                 if name in left_out
                 else []
             )
-            + ([pytest.mark.slow] if name in COMPILING else []),
+            + ([pytest.mark.slow] if name in COMPILING else [])
+            + ([pytest.mark.gpu] if BACKENDS.get(name).device == "cuda" else []),
             id=name,
         )
         for name in names
@@ -58,21 +58,13 @@ def tracking(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def text_point():
-    """A 2-layer random-init BERT with MiniLM's tokenizer and vocabulary."""
+    """The tiny random-init BERT with its own tokenizer."""
     from transformers import AutoTokenizer
 
-    from tuner.models import resolve_name_or_path
-
-    model_cfg = OmegaConf.load(REPO / "conf" / "model" / "minilm.yaml")
-    tiny = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2}
-    recipe = ModelRecipe(
-        model={**OmegaConf.to_container(model_cfg), "random_init": True, "config_overrides": tiny},
-        num_labels=2,
-    )
     torch.manual_seed(0)
-    model = recipe.build().eval()
-    tokenizer = AutoTokenizer.from_pretrained(resolve_name_or_path(str(model_cfg.name_or_path)))
-    return model, recipe, TextModality(tokenizer, 48)
+    model = TINY_BERT.build().eval()
+    tokenizer = AutoTokenizer.from_pretrained(TINY_BERT_DIR)
+    return model, TINY_BERT, TextModality(tokenizer, 48)
 
 
 def _served_matches_measured(

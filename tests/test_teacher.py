@@ -11,7 +11,7 @@ from pathlib import Path
 import optuna
 import pytest
 import torch
-from conftest import TINY_BERT
+from conftest import REPO, TINY_BERT
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
@@ -32,6 +32,7 @@ from tuner.trial_points import ARCHITECTURE_ATTR
 TrialState = optuna.trial.TrialState
 SMOKE = ("+experiment=bert_ffn", "debug=smoke", "deploy.backend=eager")
 STUDY = "bert_ffn-smoke"
+MINILM_YAML = REPO / "conf" / "model" / "minilm.yaml"
 
 
 @pytest.fixture
@@ -196,10 +197,12 @@ def test_a_teacher_that_fails_to_train_stops_the_study_before_any_student(study_
 
 
 def _stored_teacher(directory: Path, labels: list[str], **recipe_changes) -> Path:
-    """A tiny BERT saved as a teacher, its recipe changed as given (what it says it reads)."""
+    """A tiny BERT saved as a teacher of the bert_ffn studies here (it says it reads their
+    model's inputs), its recipe changed as given."""
     torch.manual_seed(0)
     model = ModelRecipe(TINY_BERT.model, len(labels)).build()
-    recipe = ModelRecipe({**TINY_BERT.model, **recipe_changes}, len(labels))
+    studies_model = {"name_or_path": OmegaConf.load(MINILM_YAML).name_or_path}
+    recipe = ModelRecipe({**TINY_BERT.model, **studies_model, **recipe_changes}, len(labels))
     return save_teacher(model, recipe, labels, directory / "teacher")
 
 

