@@ -1,21 +1,30 @@
 #!/usr/bin/env bash
 # The CUDA paths on a machine with a GPU, in a few minutes:
-#   bash scripts/gpu_check.sh            (from the repository root, its environment active)
-#   bash scripts/gpu_check.sh BUNDLE     (a machine with PyTorch but without the project's other
-#                                         dependencies or internet: BUNDLE is the folder that
-#                                         scripts/offline_bundle.py wrote)
+#   bash scripts/gpu_check.sh [--only tests|studies] [BUNDLE]
+# from the repository root, its environment active; or, on a machine with PyTorch but without
+# the project's other dependencies or internet, BUNDLE: the folder scripts/offline_bundle.py
+# wrote. PYTHON names the interpreter (default python3).
 # 1. what PyTorch sees (GPU model, driver, CUDA version);
 # 2. the test cases that need a GPU (`pytest -m gpu`: every cuda_* backend's contract and
 #    serving cases, on the tiny text and image models);
 # 3. the smoke studies of both experiments trained on the GPU (`train.device=cuda`) in fp32,
 #    bf16 and fp16, those in fp32 also deployed and timed on it (`deploy.device=cuda` with the
-#    backends of search_spaces/backends_cuda.yaml), each in a fresh directory;
-# 4. a summary per study: trials complete, where its points trained, training seconds and GPU
-#    memory, and for the GPU-deployed ones each backend's points, latency and GPU memory.
+#    backends of search_spaces/backends_cuda.yaml), each in a fresh directory, each followed by
+#    a summary: trials complete, where its points trained, training seconds and GPU memory,
+#    and for the GPU-deployed ones each backend's points, latency and GPU memory.
+# `--only` runs step 2 or step 3 alone (after step 1), for runs that must each stay short.
 # Exits non-zero when any step fails, a point did not train on CUDA, or a GPU backend made no
-# point. PYTHON names the interpreter (default python3).
+# point.
 set -euo pipefail
 
+steps="tests studies"
+if [[ ${1:-} == --only ]]; then
+  case "${2:-}" in
+    tests | studies) steps="$2" ;;
+    *) echo "gpu_check: --only takes tests or studies, not '${2:-}'" >&2; exit 2 ;;
+  esac
+  shift 2
+fi
 repo="$(cd "$(dirname "$0")/.." && pwd)"
 python="${PYTHON:-python3}"
 work="$(mktemp -d)"
@@ -55,8 +64,14 @@ for index in range(torch.cuda.device_count()):
 print(f"torch {torch.__version__}, Python {sys.version.split()[0]}")
 EOF
 
-echo "== the test cases that need a GPU"
-(cd "$repo" && "$python" -m pytest -q -p no:cacheprovider -m gpu tests)
+if [[ $steps == *tests* ]]; then
+  echo "== the test cases that need a GPU"
+  (cd "$repo" && "$python" -m pytest -q -p no:cacheprovider -m gpu tests)
+fi
+if [[ $steps != *studies* ]]; then
+  echo "gpu_check: the test cases that need a GPU passed, in $SECONDS s"
+  exit 0
+fi
 
 # experiment, training precision, where it deploys
 studies=(

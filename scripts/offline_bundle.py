@@ -165,15 +165,17 @@ def fetch_wheel(name: str, version: str, python_version: str, wheels: Path) -> s
     return "built from its source"
 
 
-def megabytes(path: Path) -> float:
-    files = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
-    return sum(p.stat().st_size for p in files) / 1e6
+def megabytes(folder: Path) -> float:
+    return sum(path.stat().st_size for path in folder.rglob("*") if path.is_file()) / 1e6
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("dest", type=Path, help="the folder to write (made if missing)")
-    parser.add_argument("--python-version", default="3.12", help="the target's Python (X.Y)")
+    here = f"{sys.version_info.major}.{sys.version_info.minor}"
+    parser.add_argument(
+        "--python-version", default=here, help=f"the target's Python, X.Y (default {here})"
+    )
     parser.add_argument("--have", type=Path, help="the target's `pip list --format=freeze`")
     parser.add_argument(
         "--replace",

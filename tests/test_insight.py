@@ -131,6 +131,30 @@ def test_pytorchs_profiler_sees_the_matmuls_of_one_call():
     assert sum(by_class.values()) == pytest.approx(profile.total_ms)
 
 
+@pytest.mark.parametrize(
+    ("calls", "kept", "left"),
+    [
+        (("product", "sum", "sum"), "aten::add", "aten::mm"),
+        (("sum", "product", "product"), "aten::mm", "aten::add"),
+    ],
+)
+def test_pytorchs_profile_keeps_the_call_of_median_length(calls, kept, left):
+    import torch
+
+    # Three profiled calls, each of one operator, in the order given: a product of two 512x512
+    # matrices (134 million multiply-adds) or a sum of two 4-vectors, thousands of times
+    # faster. Sorted by length, the middle call is of the kind that comes twice.
+    square, vector = torch.randn(512, 512), torch.randn(4)
+    kinds = iter(calls)
+
+    def call():
+        return square @ square if next(kinds) == "product" else vector + vector
+
+    profile = profile_torch(call, ())
+    calls_of = {op: count for op, count, _ in profile.rows}
+    assert calls_of[kept] == 1 and left not in calls_of
+
+
 def test_onnx_runtimes_profiler_sees_each_node_of_the_graph(tmp_path):
     import torch
     from omegaconf import OmegaConf

@@ -251,7 +251,7 @@ def test_offline_bundle_carries_what_the_target_lacks_and_installs_there(tmp_pat
     bundle = tmp_path / "bundle"
     # omegaconf is there too, but asked for all the same.
     args = ["--python-version", python, "--have", str(tmp_path / "have.txt")]
-    args += ["--replace", "omegaconf"]
+    args += ["--replace", "omegaconf", "--fashion-mnist"]
     out = run_script("offline_bundle.py", str(bundle), *args, cwd=tmp_path).stdout
 
     wheels = sorted(path.name for path in (bundle / "wheels").iterdir())
@@ -305,6 +305,13 @@ def test_offline_bundle_carries_what_the_target_lacks_and_installs_there(tmp_pat
     ]
     assert AutoConfig.from_pretrained(minilm).intermediate_size == 1536
     assert AutoTokenizer.from_pretrained(minilm)("a fine film")["input_ids"][0] == 101  # [CLS]
+    assert sorted(p.name for p in (bundle / "fashion-mnist").iterdir()) == [
+        "t10k-images-idx3-ubyte.gz",
+        "t10k-labels-idx1-ubyte.gz",
+        "train-images-idx3-ubyte.gz",
+        "train-labels-idx1-ubyte.gz",
+    ]
     manifest = (bundle / "MANIFEST.txt").read_text()
+    assert "fashion-mnist: Fashion-MNIST's IDX files (data.path)" in manifest
     listed = "antlr4-python3-runtime, colorlog, hydra-core, mlflow-skinny, omegaconf, optuna"
     assert f"wheels: 6 distributions ({listed})" in manifest

@@ -1,7 +1,7 @@
 """Where one call of a deployed model spends its time, by operator and class, from the
 backend's own profiler: ONNX Runtime's session profiling for ONNX graphs, `torch.profiler` for
-PyTorch artifacts. Profiled once, after the timed calls and apart from them, for the point's
-MLflow run (`profile/ops.csv` and a metric per class)."""
+PyTorch artifacts. Profiled after the timed calls and apart from them, for the point's MLflow
+run (`profile/ops.csv` and a metric per class)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,8 @@ import torch
 from tuner.insight.op_classes import by_class, op_class
 
 Row = tuple[str, int, float]  # op type, calls, total milliseconds
-# ONNX Runtime calls profiled after the warm-up one; the median one is kept.
+# Calls profiled (for ONNX Runtime, after a warm-up one); the one of median length is kept:
+# one call can be slowed down many times over by anything else running on a shared machine.
 PROFILED_RUNS = 3
 # `layout/memory` -> `layout_memory` in a metric's name.
 _NOT_A_NAME = re.compile(r"\W+")
@@ -84,7 +85,16 @@ def _native_logs_silenced() -> Iterator[None]:
 
 
 def profile_torch(logits_of, tensors: tuple[torch.Tensor, ...]) -> OpProfile:
-    """One call of a PyTorch callable under `torch.profiler` (CPU activities)."""
+    """`PROFILED_RUNS` calls of a PyTorch callable, each under a `torch.profiler` of its own
+    (CPU activities); the operators of the call of median length are kept."""
+    calls = sorted(
+        (_profile_torch_call(logits_of, tensors) for _ in range(PROFILED_RUNS)),
+        key=lambda call: call.total_ms,
+    )
+    return calls[len(calls) // 2]
+
+
+def _profile_torch_call(logits_of, tensors: tuple[torch.Tensor, ...]) -> OpProfile:
     from torch.profiler import ProfilerActivity, profile
 
     with (
