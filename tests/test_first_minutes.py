@@ -137,7 +137,8 @@ def test_a_packaged_model_whose_package_is_missing_says_how_to_get_it(monkeypatc
         resolve_name_or_path("no-such-model-package")
     assert str(error.value) == (
         "Invalid config: key 'model.name_or_path': 'no-such-model-package' is a packaged model, "
-        "but its package is not installed here: `pip install no-such-model-package`, or set "
+        "but its package cannot be imported here (No module named "
+        "'tuner_no_such_model_package'): `pip install no-such-model-package`, or set "
         "model.name_or_path to a directory that holds the model"
     )
 

