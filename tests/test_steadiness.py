@@ -276,16 +276,22 @@ def test_the_noisy_neighbour_keeps_a_core_busy_in_its_spells_only():
     took = time.monotonic() - started
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     assert done.returncode == 0, done.stderr
-    # Two spells of 1 s, 0.5 s apart, each start and end printed with its time (a loaded
-    # machine may add a fraction of a second to starting and stopping a process).
+    # Spells of 1 s, 0.5 s apart, each start and end printed with its time (a loaded machine
+    # may add a fraction of a second to starting and stopping a process): two, unless the
+    # first one's end came so late that no pause of 0.5 s was left before the 3 s end.
     lines = [line.rsplit(" at ", 1) for line in done.stdout.splitlines()]
-    assert [what for what, _ in lines] == ["spell on", "spell off"] * 2
-    on, off, on_again, off_again = (float(when.removesuffix(" s")) for _, when in lines)
-    assert on < 0.5
-    # Stopping a busy process on a loaded machine has taken a second more.
-    assert 0.95 <= off - on < 4.0 and 0.45 <= on_again - off < 3.5
-    # The second spell is cut where the 3 s end.
-    assert min(1.0, 3.0 - on_again) - 0.15 <= off_again - on_again < 4.0
+    times = [float(when.removesuffix(" s")) for _, when in lines]
+    spells = list(zip(times[::2], times[1::2], strict=True))
+    assert [what for what, _ in lines] == ["spell on", "spell off"] * len(spells)
+    assert spells[0][0] < 0.5
+    # Stopping a busy process on a loaded machine has taken a second more; a spell is cut
+    # where the 3 s end.
+    for on, off in spells:
+        assert min(1.0, 3.0 - on) - 0.15 <= off - on < 4.0
+    if len(spells) == 2:
+        assert 0.45 <= spells[1][0] - spells[0][1] < 3.5
+    else:
+        assert len(spells) == 1 and spells[0][1] + 0.5 >= 3.0 - 0.15, spells
     busy = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
     # A process streaming memory for most of the two spells (less where the machine is busy).
     assert 0.8 < busy < took
