@@ -40,6 +40,7 @@ from importlib import metadata
 from pathlib import Path
 
 from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 # The target's own PyTorch build is used, with what it brought along.
 TARGET_OWN = frozenset({"torch", "torchvision"})
@@ -68,11 +69,6 @@ MINILM_FILES = (
 )
 
 
-def canonical(name: str) -> str:
-    """A distribution's name as pip compares them (PEP 503)."""
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
 def read_have(path: Path | None) -> dict[str, str | None]:
     """Name -> version (None where not given) of the distributions a `pip list
     --format=freeze` output, or a list of names, holds."""
@@ -83,7 +79,7 @@ def read_have(path: Path | None) -> dict[str, str | None]:
         line = line.split("#", 1)[0].strip()
         if line:
             name, _, version = line.partition("==")
-            have[canonical(re.split(r"[<>!~ @]", name, maxsplit=1)[0])] = version or None
+            have[canonicalize_name(re.split(r"[<>!~ @]", name, maxsplit=1)[0])] = version or None
     return have
 
 
@@ -112,10 +108,12 @@ def project_requirements(python_version: str) -> list[Requirement]:
     requirements = [Requirement(text) for text in metadata.requires("tuner") or []]
     run_time = [r for r in requirements if applies(r, environment)]
     testing = [
-        Requirement(str(r).split(";", 1)[0])
+        r
         for r in requirements
-        if canonical(r.name) in CHECK_TOOLS and applies(r, {**environment, "extra": "test"})
+        if canonicalize_name(r.name) in CHECK_TOOLS and applies(r, {**environment, "extra": "test"})
     ]
+    for requirement in testing:
+        requirement.marker = None  # wanted on the target whatever extra it was listed under
     return run_time + testing
 
 
@@ -123,7 +121,7 @@ def outside_requirements(python_version: str, have: dict[str, str | None]) -> li
     """What the target has of the project's direct requirements at a version they exclude."""
     notes = []
     for requirement in project_requirements(python_version):
-        name = canonical(requirement.name)
+        name = canonicalize_name(requirement.name)
         version = have.get(name)
         if not version or requirement.specifier.contains(version, prereleases=True):
             continue
@@ -150,7 +148,7 @@ def runtime_closure(python_version: str, have: dict[str, str | None]) -> dict[st
         requirement = pending.pop()
         if not applies(requirement, environment):
             continue
-        name = canonical(requirement.name)
+        name = canonicalize_name(requirement.name)
         if name in needed or name in TARGET_OWN or name in have:
             continue
         if name in REPLACED:
@@ -221,7 +219,7 @@ def main() -> None:
     if dest.exists() and any(dest.iterdir()):
         parser.error(f"{dest} is not empty: a bundle is written into a new or empty folder")
     have = read_have(args.have)
-    for name in map(canonical, args.replace):
+    for name in map(canonicalize_name, args.replace):
         if name in TARGET_OWN:
             parser.error(f"--replace {name}: the target's own build of {name} is the one to use")
         if name in REPLACED:

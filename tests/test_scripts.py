@@ -224,6 +224,7 @@ def test_offline_bundle_carries_what_the_target_lacks_and_installs_there(tmp_pat
     import re
 
     import onnxruntime as ort
+    from packaging.utils import canonicalize_name
     from transformers import AutoConfig, AutoTokenizer
 
     from tuner.config import compose_config
@@ -242,7 +243,7 @@ def test_offline_bundle_carries_what_the_target_lacks_and_installs_there(tmp_pat
     ).stdout.splitlines()
     have = []
     for line in freeze:
-        name = re.sub(r"[-_.]+", "-", line.partition("==")[0]).lower()
+        name = canonicalize_name(line.partition("==")[0])
         if name == "torch":
             line = "torch==2.11.0+cu130"
         if name == "onnxruntime":
