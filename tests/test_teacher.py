@@ -23,10 +23,19 @@ from tuner.constraints import EAGER_ACCURACY_ATTR
 from tuner.data import load_splits
 from tuner.errors import ConfigError, StudyStopped
 from tuner.front import TEACHER_OF_ATTR
+from tuner.optuna_compat import trial_id_of
 from tuner.recipe import ModelRecipe
 from tuner.settings import SETTINGS_ATTR
 from tuner.study import run_study
-from tuner.teacher import STORED_ATTR, TRIAL_ATTR, StoredTeacher, save_teacher
+from tuner.teacher import (
+    STORED_ATTR,
+    TRIAL_ATTR,
+    StoredTeacher,
+    Teachers,
+    ensure_trained,
+    record_stored,
+    save_teacher,
+)
 from tuner.trial_points import ARCHITECTURE_ATTR
 
 TrialState = optuna.trial.TrialState
@@ -129,6 +138,102 @@ def test_the_teacher_is_trained_once_stored_and_reused_by_resumes(study_dir, cap
     assert second.state == TrialState.COMPLETE
     assert study.user_attrs[STORED_ATTR]["auto"]["trial"] == second.number
     assert len(_configurations(study)) == 4
+
+
+class _TwoWorkersStudy:
+    """A SQLite study in which workers that started together each queued a teacher trial of
+    `auto` (trials #0 and #1), and the teacher files a finished teacher trial stores."""
+
+    def __init__(self, directory: Path) -> None:
+        self.storage = optuna.storages.RDBStorage(f"sqlite:///{directory}/optuna.db")
+        self.study = optuna.create_study(
+            storage=self.storage, study_name="race", directions=["maximize", "minimize"]
+        )
+        self.study_id = self.storage.get_study_id_from_name("race")
+        self.params = {"train.lr": 1e-3, "train.distill.alpha": 0.0}
+        for _ in range(2):
+            self.storage.create_new_trial(
+                self.study_id,
+                template_trial=optuna.trial.create_trial(
+                    state=TrialState.WAITING,
+                    system_attrs={TRIAL_ATTR: {"reference": "auto", "params": self.params}},
+                ),
+            )
+        self.files = _stored_teacher(directory, ["neg", "pos"])
+        self.teachers = Teachers("auto", f"sqlite:///{directory}/mlflow.db", ["neg", "pos"], {})
+        self.trained: list[int] = []
+
+    def train(self, trial: optuna.trial.FrozenTrial) -> None:
+        """What a worker's teacher trial does: train, store, complete."""
+        assert trial.state == TrialState.RUNNING
+        self.trained.append(trial.number)
+        record_stored(self.storage, self.study_id, "auto", trial.number, str(self.files))
+        self.storage.set_trial_state_values(trial_id_of(trial), TrialState.COMPLETE, [0.8, 1.0])
+
+    def ensure(self, fail_stale=lambda: None) -> None:
+        ensure_trained(
+            self.study,
+            self.storage,
+            self.study_id,
+            self.teachers,
+            self.train,
+            poll_seconds=0,
+            fail_stale=fail_stale,
+        )
+
+    def states(self) -> list[tuple[int, TrialState, str | None]]:
+        return [
+            (t.number, t.state, t.user_attrs.get(budget.SKIPPED_ATTR))
+            for t in self.storage.get_all_trials(self.study_id)
+        ]
+
+
+def test_teacher_trials_queued_by_workers_together_train_once(study_dir, capsys):
+    race = _TwoWorkersStudy(study_dir)
+    race.ensure()
+    # The lowest-numbered waiting one trains; the other is finished unrun, and counts nowhere.
+    assert race.trained == [0]
+    assert race.states() == [
+        (0, TrialState.COMPLETE, None),
+        (1, TrialState.PRUNED, "train.distill.teacher=auto is trained in trial #0"),
+    ]
+    assert budget.trained(race.storage.get_all_trials(race.study_id)) == 1
+    assert "Trial #1, a second teacher trial" in capsys.readouterr().out
+
+
+def test_a_worker_waits_for_the_teacher_trial_another_worker_runs_and_skips_its_own(study_dir):
+    race = _TwoWorkersStudy(study_dir)
+    # Another worker claimed the higher-numbered one first: that one is the teacher.
+    other = race.storage.get_all_trials(race.study_id)[1]
+    assert race.storage.set_trial_state_values(trial_id_of(other), TrialState.RUNNING)
+    polls = []
+
+    def other_worker_finishes() -> None:
+        polls.append(race.states())
+        race.train(race.storage.get_trial(trial_id_of(other)))
+
+    race.ensure(fail_stale=other_worker_finishes)
+    assert race.trained == [1]
+    assert polls == [
+        [
+            (0, TrialState.PRUNED, "train.distill.teacher=auto is trained in trial #1"),
+            (1, TrialState.RUNNING, None),
+        ]
+    ]
+
+
+def test_a_waiting_teacher_trial_left_once_the_teacher_is_stored_is_skipped(study_dir):
+    race = _TwoWorkersStudy(study_dir)
+    first = race.storage.get_all_trials(race.study_id)[0]
+    assert race.storage.set_trial_state_values(trial_id_of(first), TrialState.RUNNING)
+    race.train(race.storage.get_trial(trial_id_of(first)))
+    race.ensure()
+    # Left waiting, `study.optimize` would have taken it and trained the teacher again.
+    assert race.trained == [0]
+    assert race.states() == [
+        (0, TrialState.COMPLETE, None),
+        (1, TrialState.PRUNED, "train.distill.teacher=auto is stored already"),
+    ]
 
 
 @pytest.mark.slow

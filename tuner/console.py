@@ -240,6 +240,13 @@ def waiting_for_teacher(trial_number: int) -> None:
     )
 
 
+def teacher_duplicate_skipped(trial_number: int, reason: str) -> None:
+    console.print(
+        f"Trial #{trial_number}, a second teacher trial of workers that started together, is "
+        f"recorded as skipped: {reason}."
+    )
+
+
 def teacher_missing(location: str, reason: str) -> None:
     console.print(
         f"[yellow]Notice:[/] the study's stored teacher at {location} cannot be loaded "

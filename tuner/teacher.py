@@ -11,9 +11,12 @@ and the label names) named by a study attribute; every worker and every resume l
 there. A stored teacher (`runs:/<run id>/teacher`, or a directory holding those files) is used
 as it is.
 
-Two workers starting together agree on one teacher trial: it is created WAITING and the storage
-lets exactly one worker move it to RUNNING; the others wait for it. A worker that dies while
-training it stops beating, and the trial is queued again like any other.
+Workers starting together agree on one teacher trial: it is created WAITING and the storage
+lets exactly one worker move it to RUNNING; the others wait for it. Workers that each found no
+teacher trial and created one train only one of them (the running one, else the lowest-numbered
+waiting one); the others are claimed and finished as skipped trials, which no sampler, budget
+or front counts. A worker that dies while training it stops beating, and the trial is queued
+again like any other.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from torch import nn
 
 from tuner import console
 from tuner.backends.torch_files import load_weights, read_recipe, save_weights
-from tuner.budget import BACKEND_KEY, RETRY_HISTORY
+from tuner.budget import BACKEND_KEY, RETRY_HISTORY, SKIPPED_ATTR
 from tuner.data.batches import Encoded
 from tuner.edits import apply_edits, edit_keys
 from tuner.errors import ConfigError, StudyStopped
@@ -299,6 +302,7 @@ def ensure_trained(
     study with its reason; a stored teacher whose files are gone is trained again, once."""
     if teachers is None or teachers.params is None:
         return
+    reference = str(teachers.reference)
     started_with = len(storage.get_all_trials(study_id, deepcopy=False))
     retrained = told_waiting = False
     while True:
@@ -306,7 +310,6 @@ def ensure_trained(
         if location is not None:
             try:
                 StoredTeacher.load(location, teachers.tracking_uri)
-                return
             except OSError as exc:
                 if retrained:
                     raise StudyStopped(
@@ -316,21 +319,21 @@ def ensure_trained(
                 _forget(storage, study_id, teachers.reference)
                 retrained = True
                 started_with = len(storage.get_all_trials(study_id, deepcopy=False))
-        trials = storage.get_all_trials(study_id, deepcopy=False)
-        by_number = {t.number: t for t in trials}
-        reference = str(teachers.reference)
-        mine = [
-            t
-            for t in trials
-            if (record := teacher_of(t, by_number)) and record["reference"] == reference
-        ]
-        waiting = [t for t in mine if t.state == TrialState.WAITING]
-        running = [t for t in mine if t.state == TrialState.RUNNING]
-        if not waiting and not running:
+            else:
+                # A waiting duplicate left now would be taken by `study.optimize` and train the
+                # teacher again.
+                for duplicate in _teacher_trials(storage, study_id, reference, TrialState.WAITING):
+                    _skip(storage, duplicate, f"{KEY}={reference} is stored already")
+                return
+        mine = _teacher_trials(storage, study_id, reference)
+        live = [t for t in mine if t.state in (TrialState.WAITING, TrialState.RUNNING)]
+        if not live:
             failed = [
                 t
                 for t in mine
-                if t.state in (TrialState.FAIL, TrialState.PRUNED) and t.number >= started_with
+                if t.state in (TrialState.FAIL, TrialState.PRUNED)
+                and t.number >= started_with
+                and SKIPPED_ATTR not in t.user_attrs
             ]
             if failed:
                 reason = failed[-1].user_attrs.get("fail_reason", failed[-1].state.name)
@@ -341,24 +344,55 @@ def ensure_trained(
                 )
             template = optuna.trial.create_trial(
                 state=TrialState.WAITING,
-                system_attrs={
-                    TRIAL_ATTR: {"reference": str(teachers.reference), "params": teachers.params}
-                },
+                system_attrs={TRIAL_ATTR: {"reference": reference, "params": teachers.params}},
             )
             storage.create_new_trial(study_id, template_trial=template)
             continue
-        if waiting:
-            claimed = waiting[0]
+        running = [t for t in live if t.state == TrialState.RUNNING]
+        chosen = min(running or live, key=lambda t: t.number)
+        for duplicate in live:
+            if duplicate.state == TrialState.WAITING and duplicate.number != chosen.number:
+                _skip(storage, duplicate, f"{KEY}={reference} is trained in trial #{chosen.number}")
+        if chosen.state == TrialState.WAITING:
             # The storage moves a trial out of WAITING for one caller only.
-            if storage.set_trial_state_values(trial_id_of(claimed), TrialState.RUNNING):
-                console.training_teacher(claimed.number, teachers.reference)
-                run_trial(storage.get_trial(trial_id_of(claimed)))
+            if storage.set_trial_state_values(trial_id_of(chosen), TrialState.RUNNING):
+                console.training_teacher(chosen.number, teachers.reference)
+                run_trial(storage.get_trial(trial_id_of(chosen)))
             continue
         if not told_waiting:
-            console.waiting_for_teacher(running[0].number)
+            console.waiting_for_teacher(chosen.number)
             told_waiting = True
         fail_stale()
         time.sleep(poll_seconds)
+
+
+def _teacher_trials(
+    storage: optuna.storages.BaseStorage,
+    study_id: int,
+    reference: str,
+    state: TrialState | None = None,
+) -> list[FrozenTrial]:
+    """The study's trials that train the teacher `reference` (retries included)."""
+    trials = storage.get_all_trials(study_id, deepcopy=False)
+    by_number = {t.number: t for t in trials}
+    return [
+        t
+        for t in trials
+        if (state is None or t.state == state)
+        and (record := teacher_of(t, by_number))
+        and record["reference"] == reference
+    ]
+
+
+def _skip(storage: optuna.storages.BaseStorage, trial: FrozenTrial, reason: str) -> None:
+    """Finish a waiting teacher trial unrun: another worker created it at the same time as the
+    one that trains. Claimed first, so that no worker runs it meanwhile; one another worker
+    claimed first is left to it."""
+    trial_id = trial_id_of(trial)
+    if storage.set_trial_state_values(trial_id, TrialState.RUNNING):
+        storage.set_trial_user_attr(trial_id, SKIPPED_ATTR, reason)
+        storage.set_trial_state_values(trial_id, TrialState.PRUNED)
+        console.teacher_duplicate_skipped(trial.number, reason)
 
 
 def _forget(storage: optuna.storages.BaseStorage, study_id: int, reference: Any) -> None:
