@@ -140,43 +140,54 @@ def test_the_teacher_is_trained_once_stored_and_reused_by_resumes(study_dir, cap
     assert len(_configurations(study)) == 4
 
 
-class _TwoWorkersStudy:
-    """A SQLite study in which workers that started together each queued a teacher trial of
-    `auto` (trials #0 and #1), and the teacher files a finished teacher trial stores."""
+class _TeacherRace:
+    """A study of `storage` (a URL) whose teacher (`auto`) workers agree on, and the teacher
+    files a finished teacher trial stores; `queued` teacher trials were queued by workers that
+    started together (trials #0, #1...)."""
 
-    def __init__(self, directory: Path) -> None:
-        self.storage = optuna.storages.RDBStorage(f"sqlite:///{directory}/optuna.db")
+    def __init__(self, directory: Path, storage: str, queued: int = 2) -> None:
+        self.url = storage
+        self.storage = optuna.storages.RDBStorage(storage)
         self.study = optuna.create_study(
             storage=self.storage, study_name="race", directions=["maximize", "minimize"]
         )
         self.study_id = self.storage.get_study_id_from_name("race")
         self.params = {"train.lr": 1e-3, "train.distill.alpha": 0.0}
-        for _ in range(2):
-            self.storage.create_new_trial(
-                self.study_id,
-                template_trial=optuna.trial.create_trial(
-                    state=TrialState.WAITING,
-                    system_attrs={TRIAL_ATTR: {"reference": "auto", "params": self.params}},
-                ),
-            )
+        for _ in range(queued):
+            self.queue()
         self.files = _stored_teacher(directory, ["neg", "pos"])
-        self.teachers = Teachers("auto", f"sqlite:///{directory}/mlflow.db", ["neg", "pos"], {})
+        self.tracking = f"sqlite:///{directory}/mlflow.db"
         self.trained: list[int] = []
 
-    def train(self, trial: optuna.trial.FrozenTrial) -> None:
+    def queue(self, **system_attrs) -> None:
+        self.storage.create_new_trial(
+            self.study_id,
+            template_trial=optuna.trial.create_trial(
+                state=TrialState.WAITING,
+                system_attrs={
+                    TRIAL_ATTR: {"reference": "auto", "params": self.params},
+                    **system_attrs,
+                },
+            ),
+        )
+
+    def train(self, trial: optuna.trial.FrozenTrial, storage=None) -> None:
         """What a worker's teacher trial does: train, store, complete."""
+        storage = storage or self.storage
         assert trial.state == TrialState.RUNNING
         self.trained.append(trial.number)
-        record_stored(self.storage, self.study_id, "auto", trial.number, str(self.files))
-        self.storage.set_trial_state_values(trial_id_of(trial), TrialState.COMPLETE, [0.8, 1.0])
+        record_stored(storage, self.study_id, "auto", trial.number, str(self.files))
+        storage.set_trial_state_values(trial_id_of(trial), TrialState.COMPLETE, [0.8, 1.0])
 
-    def ensure(self, fail_stale=lambda: None) -> None:
+    def ensure(self, storage=None, run_trial=None, fail_stale=lambda: None) -> None:
+        """One worker's `ensure_trained`, on a storage of its own if given."""
+        storage = storage or self.storage
         ensure_trained(
-            self.study,
-            self.storage,
+            optuna.load_study(study_name="race", storage=storage),
+            storage,
             self.study_id,
-            self.teachers,
-            self.train,
+            Teachers("auto", self.tracking, ["neg", "pos"], {}),
+            run_trial or (lambda trial: self.train(trial, storage)),
             poll_seconds=0,
             fail_stale=fail_stale,
         )
@@ -189,7 +200,7 @@ class _TwoWorkersStudy:
 
 
 def test_teacher_trials_queued_by_workers_together_train_once(study_dir, capsys):
-    race = _TwoWorkersStudy(study_dir)
+    race = _TeacherRace(study_dir, f"sqlite:///{study_dir}/optuna.db")
     race.ensure()
     # The lowest-numbered waiting one trains; the other is finished unrun, and counts nowhere.
     assert race.trained == [0]
@@ -201,9 +212,11 @@ def test_teacher_trials_queued_by_workers_together_train_once(study_dir, capsys)
     assert "Trial #1, a second teacher trial" in capsys.readouterr().out
 
 
-def test_a_worker_waits_for_the_teacher_trial_another_worker_runs_and_skips_its_own(study_dir):
-    race = _TwoWorkersStudy(study_dir)
-    # Another worker claimed the higher-numbered one first: that one is the teacher.
+def test_a_worker_waits_for_the_teacher_trial_another_worker_runs(study_dir):
+    race = _TeacherRace(study_dir, f"sqlite:///{study_dir}/optuna.db")
+    # Another worker claimed the higher-numbered one first: that one is the teacher, and the
+    # waiting one below it is left alone while it runs (it could be the teacher, seen running
+    # while another worker finishes it as a duplicate).
     other = race.storage.get_all_trials(race.study_id)[1]
     assert race.storage.set_trial_state_values(trial_id_of(other), TrialState.RUNNING)
     polls = []
@@ -214,26 +227,100 @@ def test_a_worker_waits_for_the_teacher_trial_another_worker_runs_and_skips_its_
 
     race.ensure(fail_stale=other_worker_finishes)
     assert race.trained == [1]
-    assert polls == [
-        [
-            (0, TrialState.PRUNED, "train.distill.teacher=auto is trained in trial #1"),
-            (1, TrialState.RUNNING, None),
-        ]
+    assert polls == [[(0, TrialState.WAITING, None), (1, TrialState.RUNNING, None)]]
+    assert race.states() == [
+        (0, TrialState.PRUNED, "train.distill.teacher=auto is stored already"),
+        (1, TrialState.COMPLETE, None),
     ]
 
 
-def test_a_waiting_teacher_trial_left_once_the_teacher_is_stored_is_skipped(study_dir):
-    race = _TwoWorkersStudy(study_dir)
+def test_once_the_teacher_is_stored_a_waiting_duplicate_is_skipped_and_a_retry_kept(study_dir):
+    race = _TeacherRace(study_dir, f"sqlite:///{study_dir}/optuna.db")
     first = race.storage.get_all_trials(race.study_id)[0]
     assert race.storage.set_trial_state_values(trial_id_of(first), TrialState.RUNNING)
     race.train(race.storage.get_trial(trial_id_of(first)))
+    # A retry of a teacher trial that died after storing it completes the teacher's points.
+    race.queue(**{budget.RETRY_HISTORY: [0]})
     race.ensure()
-    # Left waiting, `study.optimize` would have taken it and trained the teacher again.
+    # Left waiting, the duplicate would be taken by `study.optimize` and train again.
     assert race.trained == [0]
     assert race.states() == [
         (0, TrialState.COMPLETE, None),
         (1, TrialState.PRUNED, "train.distill.teacher=auto is stored already"),
+        (2, TrialState.WAITING, None),
     ]
+
+
+def test_a_teacher_trial_skipped_for_the_budget_stops_the_study(study_dir):
+    race = _TeacherRace(study_dir, f"sqlite:///{study_dir}/optuna.db", queued=0)
+
+    def budget_spent(trial: optuna.trial.FrozenTrial) -> None:  # as the objective does
+        race.storage.set_trial_user_attr(
+            trial_id_of(trial), budget.SKIPPED_ATTR, "study.n_trials=2 reached"
+        )
+        race.storage.set_trial_state_values(trial_id_of(trial), TrialState.PRUNED)
+
+    with pytest.raises(StudyStopped, match=r"#0\) did not train: study.n_trials=2 reached"):
+        race.ensure(run_trial=budget_spent)
+    assert len(race.states()) == 1
+
+
+def test_a_teacher_trial_failed_as_stale_is_waited_for_its_retry(study_dir):
+    import threading
+
+    race = _TeacherRace(study_dir, f"sqlite:///{study_dir}/optuna.db", queued=0)
+
+    def worker_dies(trial: optuna.trial.FrozenTrial) -> None:
+        # Another worker finds this one dead: it fails the trial, then queues its retry.
+        race.storage.set_trial_state_values(trial_id_of(trial), TrialState.FAIL)
+        threading.Timer(0.3, race.queue, kwargs={budget.RETRY_HISTORY: [trial.number]}).start()
+
+    runs = iter([worker_dies, race.train])
+    race.ensure(run_trial=lambda trial: next(runs)(trial))
+    assert race.trained == [1]
+    assert race.states() == [(0, TrialState.FAIL, None), (1, TrialState.COMPLETE, None)]
+
+
+def _workers_together(race: _TeacherRace, workers: int) -> list[Exception]:
+    """`ensure_trained` in `workers` threads released at one moment, each with a storage of
+    its own (as worker processes have); the errors they raised."""
+    import threading
+
+    storages = [optuna.storages.RDBStorage(race.url) for _ in range(workers)]
+    start, errors = threading.Barrier(workers), []
+
+    def worker(storage: optuna.storages.RDBStorage) -> None:
+        try:
+            start.wait()
+            race.ensure(storage)
+        except Exception as exc:  # reported by the test
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(storage,)) for storage in storages]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for storage in storages:
+        storage.remove_session()
+        storage.engine.dispose()
+    return errors
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_workers_starting_together_on_postgresql_train_one_teacher(study_dir, postgres_database):
+    # Three workers find no teacher trial at the same moment, round after round: each round,
+    # one teacher trains, and every other teacher trial is a skipped duplicate.
+    for round_ in range(12):
+        race = _TeacherRace(study_dir / str(round_), postgres_database(str(round_)), queued=0)
+        errors = _workers_together(race, 3)
+        states = race.states()
+        assert not errors, (round_, errors)
+        assert len(race.trained) == 1, (round_, states)
+        assert [s for s in states if s[1] != TrialState.PRUNED] == [
+            (race.trained[0], TrialState.COMPLETE, None)
+        ], (round_, states)
 
 
 @pytest.mark.slow

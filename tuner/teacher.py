@@ -47,6 +47,7 @@ from tuner.errors import ConfigError, StudyStopped
 from tuner.models import MODEL_FAMILIES
 from tuner.optuna_compat import trial_id_of
 from tuner.recipe import ModelRecipe
+from tuner.recovery import deferred
 from tuner.space import SearchSpace
 from tuner.training.distill import Distillation
 
@@ -60,6 +61,8 @@ START_POINTS = ("pretrained", "teacher")
 STORED_ATTR = "teachers"
 # System attribute of a teacher trial: the reference it trains and the params it trains with.
 TRIAL_ATTR = "tuner:teacher"
+# System attribute of a teacher trial finished unrun: a duplicate of the one that trains.
+DUPLICATE_ATTR = "tuner:teacher_duplicate"
 ARTIFACT_DIR = "teacher"
 _WEIGHTS = "teacher.safetensors"
 _LABELS = "labels.json"
@@ -304,7 +307,7 @@ def ensure_trained(
         return
     reference = str(teachers.reference)
     started_with = len(storage.get_all_trials(study_id, deepcopy=False))
-    retrained = told_waiting = False
+    retrained = told_waiting = rechecked = False
     while True:
         location = teachers.location(storage.get_study_user_attrs(study_id))
         if location is not None:
@@ -320,10 +323,12 @@ def ensure_trained(
                 retrained = True
                 started_with = len(storage.get_all_trials(study_id, deepcopy=False))
             else:
-                # A waiting duplicate left now would be taken by `study.optimize` and train the
-                # teacher again.
-                for duplicate in _teacher_trials(storage, study_id, reference, TrialState.WAITING):
-                    _skip(storage, duplicate, f"{KEY}={reference} is stored already")
+                # A duplicate left waiting would be taken by `study.optimize` and train the
+                # teacher again. A retry (its trial died after storing the teacher) is left to
+                # it: it completes the teacher's points.
+                for trial in _teacher_trials(storage, study_id, reference, TrialState.WAITING):
+                    if RETRY_HISTORY not in trial.system_attrs:
+                        _skip_duplicate(storage, trial, f"{KEY}={reference} is stored already")
                 return
         mine = _teacher_trials(storage, study_id, reference)
         live = [t for t in mine if t.state in (TrialState.WAITING, TrialState.RUNNING)]
@@ -333,13 +338,21 @@ def ensure_trained(
                 for t in mine
                 if t.state in (TrialState.FAIL, TrialState.PRUNED)
                 and t.number >= started_with
-                and SKIPPED_ATTR not in t.user_attrs
+                and DUPLICATE_ATTR not in t.system_attrs
             ]
+            if failed and not rechecked and _failed_as_stale(failed[-1]):
+                # Its retry is queued right after it is failed: look once more.
+                rechecked = True
+                time.sleep(1.0)
+                continue
             if failed:
-                reason = failed[-1].user_attrs.get("fail_reason", failed[-1].state.name)
+                last = failed[-1]
+                reason = last.user_attrs.get(
+                    "fail_reason", last.user_attrs.get(SKIPPED_ATTR, last.state.name)
+                )
                 raise StudyStopped(
                     f"the distillation teacher ({KEY}={teachers.reference}, trial "
-                    f"#{failed[-1].number}) did not train: {reason}. No student was trained; "
+                    f"#{last.number}) did not train: {reason}. No student was trained; "
                     "fix the cause and run the same command to resume"
                 )
             template = optuna.trial.create_trial(
@@ -350,12 +363,24 @@ def ensure_trained(
             continue
         running = [t for t in live if t.state == TrialState.RUNNING]
         chosen = min(running or live, key=lambda t: t.number)
-        for duplicate in live:
-            if duplicate.state == TrialState.WAITING and duplicate.number != chosen.number:
-                _skip(storage, duplicate, f"{KEY}={reference} is trained in trial #{chosen.number}")
+        # Only those above the chosen one: a lower-numbered one seen running may be a duplicate
+        # that another worker is finishing; the waiting one below it is then the teacher.
+        for trial in live:
+            if trial.state == TrialState.WAITING and trial.number > chosen.number:
+                reason = f"{KEY}={reference} is trained in trial #{chosen.number}"
+                _skip_duplicate(storage, trial, reason)
         if chosen.state == TrialState.WAITING:
-            # The storage moves a trial out of WAITING for one caller only.
-            if storage.set_trial_state_values(trial_id_of(chosen), TrialState.RUNNING):
+            with deferred():
+                claimed = _claim(storage, chosen)
+                # Stored after this worker looked: another trial trained it meanwhile.
+                duplicate = (
+                    claimed
+                    and RETRY_HISTORY not in chosen.system_attrs
+                    and teachers.location(storage.get_study_user_attrs(study_id)) is not None
+                )
+                if duplicate:
+                    _finish_duplicate(storage, chosen, f"{KEY}={reference} is stored already")
+            if claimed and not duplicate:
                 console.training_teacher(chosen.number, teachers.reference)
                 run_trial(storage.get_trial(trial_id_of(chosen)))
             continue
@@ -384,15 +409,38 @@ def _teacher_trials(
     ]
 
 
-def _skip(storage: optuna.storages.BaseStorage, trial: FrozenTrial, reason: str) -> None:
-    """Finish a waiting teacher trial unrun: another worker created it at the same time as the
-    one that trains. Claimed first, so that no worker runs it meanwhile; one another worker
-    claimed first is left to it."""
+def _failed_as_stale(trial: FrozenTrial) -> bool:
+    """Failed by a worker that found its own worker dead (tuner's own failures give a reason)."""
+    return trial.state == TrialState.FAIL and "fail_reason" not in trial.user_attrs
+
+
+def _claim(storage: optuna.storages.BaseStorage, trial: FrozenTrial) -> bool:
+    """Move a waiting trial to RUNNING; False when another worker moved or finished it first."""
+    try:
+        return storage.set_trial_state_values(trial_id_of(trial), TrialState.RUNNING)
+    except optuna.exceptions.UpdateFinishedTrialError:
+        return False
+
+
+def _skip_duplicate(storage: optuna.storages.BaseStorage, trial: FrozenTrial, reason: str) -> None:
+    """Claim a waiting teacher trial and finish it unrun, unless another worker moved it first.
+    Not stopped half-way: a trial left RUNNING without a heartbeat would be waited for by every
+    worker."""
+    with deferred():
+        if _claim(storage, trial):
+            _finish_duplicate(storage, trial, reason)
+
+
+def _finish_duplicate(
+    storage: optuna.storages.BaseStorage, trial: FrozenTrial, reason: str
+) -> None:
+    """Finish a claimed teacher trial unrun, as skipped (no budget, sampler or front counts it):
+    another worker queued it at the same time as the one that trains."""
     trial_id = trial_id_of(trial)
-    if storage.set_trial_state_values(trial_id, TrialState.RUNNING):
-        storage.set_trial_user_attr(trial_id, SKIPPED_ATTR, reason)
-        storage.set_trial_state_values(trial_id, TrialState.PRUNED)
-        console.teacher_duplicate_skipped(trial.number, reason)
+    storage.set_trial_system_attr(trial_id, DUPLICATE_ATTR, True)
+    storage.set_trial_user_attr(trial_id, SKIPPED_ATTR, reason)
+    storage.set_trial_state_values(trial_id, TrialState.PRUNED)
+    console.teacher_duplicate_skipped(trial.number, reason)
 
 
 def _forget(storage: optuna.storages.BaseStorage, study_id: int, reference: Any) -> None:
