@@ -75,3 +75,26 @@ def test_an_interrupt_that_waited_raises_where_interrupts_are_immediate_again():
         _signal(signal.SIGTERM)
         with pytest.raises(Terminated), immediate():
             pytest.fail("immediate() let a waiting interrupt through")
+
+
+def test_a_deferred_block_in_another_thread_leaves_the_main_threads_interrupts_immediate():
+    import threading
+
+    entered, release = threading.Event(), threading.Event()
+
+    def holds_a_deferred_block() -> None:
+        with deferred():
+            entered.set()
+            release.wait(10)
+
+    with interruptible():
+        thread = threading.Thread(target=holds_a_deferred_block)
+        thread.start()
+        try:
+            assert entered.wait(10)
+            with pytest.raises(KeyboardInterrupt):
+                _signal()
+                pytest.fail("a thread's deferred block held the main thread's interrupt")
+        finally:
+            release.set()
+            thread.join()

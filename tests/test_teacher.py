@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import shlex
 import shutil
+import time
 from pathlib import Path
 
 import optuna
@@ -23,8 +24,9 @@ from tuner.constraints import EAGER_ACCURACY_ATTR
 from tuner.data import load_splits
 from tuner.errors import ConfigError, StudyStopped
 from tuner.front import TEACHER_OF_ATTR
-from tuner.optuna_compat import trial_id_of
+from tuner.optuna_compat import stale_trial_ids, trial_id_of
 from tuner.recipe import ModelRecipe
+from tuner.recovery import requeue
 from tuner.settings import SETTINGS_ATTR
 from tuner.study import run_study
 from tuner.teacher import (
@@ -145,9 +147,9 @@ class _TeacherRace:
     files a finished teacher trial stores; `queued` teacher trials were queued by workers that
     started together (trials #0, #1...)."""
 
-    def __init__(self, directory: Path, storage: str, queued: int = 2) -> None:
+    def __init__(self, directory: Path, storage: str, queued: int = 2, **storage_options) -> None:
         self.url = storage
-        self.storage = optuna.storages.RDBStorage(storage)
+        self.storage = optuna.storages.RDBStorage(storage, **storage_options)
         self.study = optuna.create_study(
             storage=self.storage, study_name="race", directions=["maximize", "minimize"]
         )
@@ -198,6 +200,10 @@ class _TeacherRace:
             for t in self.storage.get_all_trials(self.study_id)
         ]
 
+    def close(self) -> None:
+        self.storage.remove_session()
+        self.storage.engine.dispose()
+
 
 def test_teacher_trials_queued_by_workers_together_train_once(study_dir, capsys):
     race = _TeacherRace(study_dir, f"sqlite:///{study_dir}/optuna.db")
@@ -214,9 +220,9 @@ def test_teacher_trials_queued_by_workers_together_train_once(study_dir, capsys)
 
 def test_a_worker_waits_for_the_teacher_trial_another_worker_runs(study_dir):
     race = _TeacherRace(study_dir, f"sqlite:///{study_dir}/optuna.db")
-    # Another worker claimed the higher-numbered one first: that one is the teacher, and the
-    # waiting one below it is left alone while it runs (it could be the teacher, seen running
-    # while another worker finishes it as a duplicate).
+    # Another worker claimed the higher-numbered one first and trains it. The waiting one below
+    # is left alone while that one runs (a running one may also be a duplicate that another
+    # worker is finishing, and the waiting one the teacher), and skipped once it is stored.
     other = race.storage.get_all_trials(race.study_id)[1]
     assert race.storage.set_trial_state_values(trial_id_of(other), TrialState.RUNNING)
     polls = []
@@ -265,20 +271,62 @@ def test_a_teacher_trial_skipped_for_the_budget_stops_the_study(study_dir):
     assert len(race.states()) == 1
 
 
-def test_a_teacher_trial_failed_as_stale_is_waited_for_its_retry(study_dir):
-    import threading
-
+def test_a_teacher_trial_failed_as_stale_is_waited_for_its_retry(study_dir, monkeypatch):
     race = _TeacherRace(study_dir, f"sqlite:///{study_dir}/optuna.db", queued=0)
+    pauses = []
 
     def worker_dies(trial: optuna.trial.FrozenTrial) -> None:
-        # Another worker finds this one dead: it fails the trial, then queues its retry.
+        # Another worker finds this one dead and fails the trial; its retry comes next.
         race.storage.set_trial_state_values(trial_id_of(trial), TrialState.FAIL)
-        threading.Timer(0.3, race.queue, kwargs={budget.RETRY_HISTORY: [trial.number]}).start()
 
-    runs = iter([worker_dies, race.train])
+    def retry_queued_meanwhile(seconds: float) -> None:
+        pauses.append(seconds)
+        (failed,) = [n for n, state, _ in race.states() if state == TrialState.FAIL][-1:]
+        race.queue(**{budget.RETRY_HISTORY: [failed]})
+
+    monkeypatch.setattr(time, "sleep", retry_queued_meanwhile)
+    # The retry's worker dies too; the third try trains.
+    runs = iter([worker_dies, worker_dies, race.train])
     race.ensure(run_trial=lambda trial: next(runs)(trial))
-    assert race.trained == [1]
-    assert race.states() == [(0, TrialState.FAIL, None), (1, TrialState.COMPLETE, None)]
+    assert race.trained == [2]
+    assert pauses == [1.0, 1.0]
+    assert race.states() == [
+        (0, TrialState.FAIL, None),
+        (1, TrialState.FAIL, None),
+        (2, TrialState.COMPLETE, None),
+    ]
+
+
+def test_a_claimed_teacher_trial_goes_stale_if_its_worker_dies_before_it_beats(study_dir):
+    # Heartbeats every second, stale after one: a trial RUNNING without any heartbeat is never
+    # found stale, and every worker would wait for it for ever.
+    race = _TeacherRace(
+        study_dir, f"sqlite:///{study_dir}/optuna.db", heartbeat_interval=1, grace_period=1
+    )
+    found_stale = []
+
+    def dies_before_beating(trial: optuna.trial.FrozenTrial) -> None:
+        time.sleep(2.5)
+        found_stale.append(trial_id_of(trial) in stale_trial_ids(race.storage, race.study_id))
+        race.train(trial)
+
+    race.ensure(run_trial=dies_before_beating)
+    assert found_stale == [True]
+
+
+def test_a_duplicate_whose_worker_died_while_skipping_it_is_not_retried_or_counted(study_dir):
+    race = _TeacherRace(study_dir, f"sqlite:///{study_dir}/optuna.db")
+    duplicate = race.storage.get_all_trials(race.study_id)[1]
+    race.storage.set_trial_state_values(trial_id_of(duplicate), TrialState.RUNNING)
+    race.storage.set_trial_system_attr(trial_id_of(duplicate), budget.DUPLICATE_ATTR, True)
+    # Found stale, it stays failed.
+    race.storage.set_trial_state_values(trial_id_of(duplicate), TrialState.FAIL)
+    failed = race.storage.get_trial(trial_id_of(duplicate))
+    assert not requeue(race.storage, race.study_id, failed, max_retry=3)
+    race.ensure()
+    assert race.trained == [0]
+    assert race.states() == [(0, TrialState.COMPLETE, None), (1, TrialState.FAIL, None)]
+    assert budget.trained(race.storage.get_all_trials(race.study_id)) == 1
 
 
 def _workers_together(race: _TeacherRace, workers: int) -> list[Exception]:
@@ -321,6 +369,11 @@ def test_workers_starting_together_on_postgresql_train_one_teacher(study_dir, po
         assert [s for s in states if s[1] != TrialState.PRUNED] == [
             (race.trained[0], TrialState.COMPLETE, None)
         ], (round_, states)
+        for trial in race.storage.get_all_trials(race.study_id):
+            assert (trial.state == TrialState.PRUNED) == (
+                budget.DUPLICATE_ATTR in trial.system_attrs
+            ), (round_, states)
+        race.close()
 
 
 @pytest.mark.slow

@@ -17,7 +17,7 @@ from conftest import postgres_control, runnable_backends
 from mlflow.tracking import MlflowClient
 
 from tuner import budget
-from tuner.teacher import DUPLICATE_ATTR, STORED_ATTR, TRIAL_ATTR
+from tuner.teacher import STORED_ATTR, TRIAL_ATTR
 
 # Real studies in subprocesses: the full suite's, not the fast selection's.
 pytestmark = pytest.mark.slow
@@ -140,7 +140,7 @@ def test_workers_share_n_trials_of_one_study(workdirs, postgres_database):
     # once, and every trained student learnt from that one. (Workers that each queued a teacher
     # trial at the same moment leave the others skipped, unrun.)
     teachers = [t for t in study.trials if TRIAL_ATTR in t.system_attrs]
-    (teacher,) = [t for t in teachers if DUPLICATE_ATTR not in t.system_attrs]
+    (teacher,) = [t for t in teachers if budget.DUPLICATE_ATTR not in t.system_attrs]
     assert all(t.state == TrialState.PRUNED and not t.params for t in teachers if t != teacher)
     assert teacher.state == TrialState.COMPLETE
     stored = study.user_attrs[STORED_ATTR]["auto"]

@@ -4,8 +4,8 @@ Trial numbers are handed out atomically by the storage, so each worker decides a
 agree: trial k trains only while fewer than `n_trials` counted trials have a smaller number. A
 trial counts when it trained, or is training, a configuration. These do not count: another
 backend's point of a model (it was not trained), a trial whose worker died or was interrupted
-(a retry with the same params is queued and counts instead), and a trial skipped because the
-budget was already full.
+(a retry with the same params is queued and counts instead), a trial skipped because the
+budget was already full, and a duplicate of the study's teacher trial.
 """
 
 from __future__ import annotations
@@ -20,6 +20,9 @@ TRAINED_IN_ATTR = "trained_in_trial"
 # records the one whose point it carries, and a retry decides that again.
 BACKEND_KEY = "deploy.backend"
 SKIPPED_ATTR = "skipped"
+# System attribute of a teacher trial finished unrun: another worker queued it at the same
+# moment as the one that trains (`tuner.teacher`). Never counted, whatever its state.
+DUPLICATE_ATTR = "tuner:teacher_duplicate"
 # Optuna's heartbeat retry records the numbers a trial retries under this system attribute;
 # tuner's own retries (after Ctrl-C or SIGTERM) use the same one.
 RETRY_HISTORY = "retry_history"
@@ -43,6 +46,8 @@ def retried_numbers(trials: Sequence[FrozenTrial]) -> set[int]:
 def _counts(trial: FrozenTrial, retried: set[int]) -> bool:
     if not is_configuration(trial):
         return False  # another backend's point of a model trained elsewhere
+    if DUPLICATE_ATTR in trial.system_attrs:
+        return False
     if trial.state == TrialState.PRUNED and SKIPPED_ATTR in trial.user_attrs:
         return False
     return not (trial.state == TrialState.FAIL and trial.number in retried)

@@ -36,6 +36,15 @@ def heartbeat_of(trial_id: int, storage: optuna.storages.BaseStorage):
     return get_heartbeat_thread(trial_id, storage)
 
 
+def beat_once(trial_id: int, storage: optuna.storages.BaseStorage) -> None:
+    """One heartbeat for a trial just claimed, before anything beats for it: should its worker
+    die first, the trial goes stale and is failed like any other, instead of staying RUNNING
+    with no heartbeat, which no worker ever fails."""
+    if is_heartbeat_enabled(storage):
+        assert isinstance(storage, BaseHeartbeat)
+        storage.record_heartbeat(trial_id)
+
+
 def stale_trial_ids(storage: optuna.storages.RDBStorage, study_id: int) -> list[int]:
     """Running trials whose heartbeat lapsed; Optuna keeps this comparison inside the storage."""
     return list(storage._get_stale_trial_ids(study_id))

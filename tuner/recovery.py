@@ -10,6 +10,7 @@ copy instead.
 from __future__ import annotations
 
 import signal
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -17,7 +18,7 @@ import optuna
 from optuna.trial import FrozenTrial
 
 from tuner import console
-from tuner.budget import RETRY_HISTORY, retry_template
+from tuner.budget import DUPLICATE_ATTR, RETRY_HISTORY, retry_template
 from tuner.optuna_compat import storage_of, study_id_of
 from tuner.tracking import Tracker
 
@@ -72,7 +73,11 @@ def interruptible() -> Iterator[None]:
 def deferred() -> Iterator[None]:
     """A first interrupt here is raised at the next safe point after the block, not inside it:
     for what must not stop half-way (Optuna creating a trial, points being written). A second
-    interrupt stops at once."""
+    interrupt stops at once. Signals reach the main thread only: in another thread (workers
+    run as threads) this changes nothing, lest two threads' blocks restore each other's state."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
     before, _signals.immediate = _signals.immediate, False
     try:
         yield
@@ -102,8 +107,11 @@ def requeue(
     storage: optuna.storages.BaseStorage, study_id: int, trial: FrozenTrial, max_retry: int
 ) -> bool:
     """Queue a copy of `trial` with its params; False once it has been retried `max_retry`
-    times (it then stays failed, and counts)."""
+    times (it then stays failed, and counts), and for a teacher trial that was being finished
+    unrun as a duplicate."""
     if len(trial.system_attrs.get(RETRY_HISTORY, [])) >= max_retry:
+        return False
+    if DUPLICATE_ATTR in trial.system_attrs:
         return False
     storage.create_new_trial(study_id, template_trial=retry_template(trial))
     return True
@@ -119,8 +127,13 @@ class StaleTrials:
 
     def __call__(self, study: optuna.Study, trial: FrozenTrial) -> None:
         queued = requeue(storage_of(study), study_id_of(study), trial, self.max_retry)
-        reason = f"its worker sent no heartbeat for {self.grace_period} s (killed or lost); " + (
-            "queued again with the same params" if queued else "retries exhausted"
-        )
+        if queued:
+            outcome = "queued again with the same params"
+        elif DUPLICATE_ATTR in trial.system_attrs:
+            outcome = "a duplicate of the study's teacher trial, not queued again"
+        else:
+            outcome = "retries exhausted"
+        reason = f"its worker sent no heartbeat for {self.grace_period} s (killed or lost); "
+        reason += outcome
         self.tracker.close_abandoned(study.study_name, trial.number, reason)
         console.stale_trial(trial.number, reason)

@@ -40,14 +40,14 @@ from torch import nn
 
 from tuner import console
 from tuner.backends.torch_files import load_weights, read_recipe, save_weights
-from tuner.budget import BACKEND_KEY, RETRY_HISTORY, SKIPPED_ATTR
+from tuner.budget import BACKEND_KEY, DUPLICATE_ATTR, RETRY_HISTORY, SKIPPED_ATTR
 from tuner.data.batches import Encoded
 from tuner.edits import apply_edits, edit_keys
 from tuner.errors import ConfigError, StudyStopped
 from tuner.models import MODEL_FAMILIES
-from tuner.optuna_compat import trial_id_of
+from tuner.optuna_compat import beat_once, trial_id_of
 from tuner.recipe import ModelRecipe
-from tuner.recovery import deferred
+from tuner.recovery import deferred, raise_if_interrupted
 from tuner.space import SearchSpace
 from tuner.training.distill import Distillation
 
@@ -61,8 +61,6 @@ START_POINTS = ("pretrained", "teacher")
 STORED_ATTR = "teachers"
 # System attribute of a teacher trial: the reference it trains and the params it trains with.
 TRIAL_ATTR = "tuner:teacher"
-# System attribute of a teacher trial finished unrun: a duplicate of the one that trains.
-DUPLICATE_ATTR = "tuner:teacher_duplicate"
 ARTIFACT_DIR = "teacher"
 _WEIGHTS = "teacher.safetensors"
 _LABELS = "labels.json"
@@ -307,8 +305,11 @@ def ensure_trained(
         return
     reference = str(teachers.reference)
     started_with = len(storage.get_all_trials(study_id, deepcopy=False))
-    retrained = told_waiting = rechecked = False
+    retrained = told_waiting = False
+    looked_again: set[int] = set()
     while True:
+        # An interrupt deferred while a trial was claimed or finished stops here.
+        raise_if_interrupted()
         location = teachers.location(storage.get_study_user_attrs(study_id))
         if location is not None:
             try:
@@ -329,6 +330,7 @@ def ensure_trained(
                 for trial in _teacher_trials(storage, study_id, reference, TrialState.WAITING):
                     if RETRY_HISTORY not in trial.system_attrs:
                         _skip_duplicate(storage, trial, f"{KEY}={reference} is stored already")
+                raise_if_interrupted()
                 return
         mine = _teacher_trials(storage, study_id, reference)
         live = [t for t in mine if t.state in (TrialState.WAITING, TrialState.RUNNING)]
@@ -340,9 +342,9 @@ def ensure_trained(
                 and t.number >= started_with
                 and DUPLICATE_ATTR not in t.system_attrs
             ]
-            if failed and not rechecked and _failed_as_stale(failed[-1]):
+            if failed and failed[-1].number not in looked_again and _failed_as_stale(failed[-1]):
                 # Its retry is queued right after it is failed: look once more.
-                rechecked = True
+                looked_again.add(failed[-1].number)
                 time.sleep(1.0)
                 continue
             if failed:
@@ -355,6 +357,8 @@ def ensure_trained(
                     f"#{last.number}) did not train: {reason}. No student was trained; "
                     "fix the cause and run the same command to resume"
                 )
+            if teachers.location(storage.get_study_user_attrs(study_id)) is not None:
+                continue  # stored since this worker looked: a trial queued now would retrain it
             template = optuna.trial.create_trial(
                 state=TrialState.WAITING,
                 system_attrs={TRIAL_ATTR: {"reference": reference, "params": teachers.params}},
@@ -417,9 +421,12 @@ def _failed_as_stale(trial: FrozenTrial) -> bool:
 def _claim(storage: optuna.storages.BaseStorage, trial: FrozenTrial) -> bool:
     """Move a waiting trial to RUNNING; False when another worker moved or finished it first."""
     try:
-        return storage.set_trial_state_values(trial_id_of(trial), TrialState.RUNNING)
+        claimed = storage.set_trial_state_values(trial_id_of(trial), TrialState.RUNNING)
     except optuna.exceptions.UpdateFinishedTrialError:
         return False
+    if claimed:
+        beat_once(trial_id_of(trial), storage)
+    return claimed
 
 
 def _skip_duplicate(storage: optuna.storages.BaseStorage, trial: FrozenTrial, reason: str) -> None:
