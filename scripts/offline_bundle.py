@@ -13,7 +13,7 @@ Run it where the project is installed and PyPI is in reach. It writes:
   pytest-timeout, which gpu_check.sh runs its test cases with, come too where the target lacks
   them. Where the target has one of the project's requirements at a version it excludes, a note
   says so; `--replace NAME` (repeatable) bundles NAME at the version installed here all the
-  same; so does a note where the target has a dependency of a bundled distribution at a
+  same. A note also names a dependency of a bundled distribution that the target has at a
   version that distribution excludes. DEST must be new or empty.
 - DEST/cache: the data files a study fetches on its first run (the Rotten Tomatoes wheel), for
   `data.cache_dir` (the environment variable TUNER_CACHE_DIR sets it).
@@ -155,13 +155,18 @@ def bundled_conflicts(
     return notes
 
 
-def _remedy(name: str, where_kept: str) -> str:
-    """What to do about the target's `name` at a version a requirement excludes."""
+def _remedy(name: str, if_target_own: str) -> str:
+    """What to do about the target's `name` at a version a requirement excludes, or, for the
+    target's own PyTorch build, which is kept, what follows (`if_target_own`)."""
     if name in TARGET_OWN:
-        return where_kept
+        return if_target_own
     if name in REPLACED:
         return "the bundle does not carry it (see offline_bundle.py)"
-    return f"--replace {name} bundles the {metadata.version(name)} installed here"
+    try:
+        here = metadata.version(name)
+    except metadata.PackageNotFoundError:  # required only on the target's Python
+        return f"install {name} here, then --replace {name} bundles it"
+    return f"--replace {name} bundles the {here} installed here"
 
 
 def runtime_closure(python_version: str, have: dict[str, str | None]) -> dict[str, str]:

@@ -3,12 +3,15 @@ installed: an upgrade that moves any of it fails here first."""
 
 from __future__ import annotations
 
+import time
+
 import optuna
 from optuna.distributions import FloatDistribution
 
 from tuner import budget
 from tuner.optuna_compat import (
     FilteredSampler,
+    beat_once,
     is_heartbeat_enabled,
     stale_trial_ids,
     storage_of,
@@ -114,3 +117,30 @@ def test_private_names_still_exist(tmp_path):
     running = study.ask()
     storage_of(study).record_heartbeat(trial_id_of(running))
     assert stale_trial_ids(storage.inner, study_id_of(study)) == []
+
+
+def test_a_trial_that_beat_once_goes_stale_and_one_that_never_beat_does_not(tmp_path):
+    # What `beat_once` is for. Stale after 1 s of silence; SQLite's clock counts whole seconds.
+    storage, _ = open_storage(f"sqlite:///{tmp_path}/optuna.db", Heartbeat(1, 1))
+    study = optuna.create_study(storage=storage)
+    beaten, never_beaten = study.ask(), study.ask()
+    beat_once(trial_id_of(beaten), storage_of(study))
+    time.sleep(2.2)
+    stale = stale_trial_ids(storage.inner, study_id_of(study))
+    assert stale == [trial_id_of(beaten)] and trial_id_of(never_beaten) not in stale
+
+
+def test_the_sampler_never_sees_a_duplicate_teacher_trial():
+    inner = _Recording()
+    study = optuna.create_study(
+        directions=["maximize", "minimize"],
+        sampler=FilteredSampler(inner, budget.is_configuration),
+    )
+    # Finished unrun, without params: no draw of the space, and no start-up trial either.
+    study.add_trial(
+        optuna.trial.create_trial(
+            state=optuna.trial.TrialState.PRUNED, system_attrs={budget.DUPLICATE_ATTR: True}
+        )
+    )
+    study.optimize(lambda trial: (trial.suggest_float("x", 0.0, 1.0), 1.0), n_trials=1)
+    assert inner.seen == [("before_trial", 1), ("sample_independent", 1)]

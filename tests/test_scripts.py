@@ -340,3 +340,26 @@ def test_offline_bundle_carries_what_the_target_lacks_and_installs_there(tmp_pat
             cwd=tmp_path,
         )
         assert result.returncode == 2 and message in result.stderr, result.stderr
+
+
+def test_offline_bundle_names_a_conflicting_dependency_that_is_not_installed_here():
+    import importlib.util
+    from importlib import metadata
+
+    spec = importlib.util.spec_from_file_location(
+        "offline_bundle", REPO / "scripts" / "offline_bundle.py"
+    )
+    offline_bundle = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(offline_bundle)
+    # pytest needs tomli>=2 on Pythons before 3.11 only, so this Python (3.11 or later) has no
+    # tomli of pytest's: the note cannot offer the one installed here.
+    (tomli,) = [r for r in metadata.requires("pytest") if r.startswith("tomli")]
+    if importlib.util.find_spec("tomli") is not None:
+        pytest.skip("tomli is installed here, by something else")
+    notes = offline_bundle.bundled_conflicts(
+        {"pytest": metadata.version("pytest")}, "3.10", {"tomli": "1.2.3"}
+    )
+    assert notes == [
+        f"the target's tomli 1.2.3 is outside the bundled pytest {metadata.version('pytest')}'s "
+        f"{tomli}: install tomli here, then --replace tomli bundles it"
+    ]

@@ -215,7 +215,7 @@ def test_teacher_trials_queued_by_workers_together_train_once(study_dir, capsys)
         (1, TrialState.PRUNED, "train.distill.teacher=auto is trained in trial #0"),
     ]
     assert budget.trained(race.storage.get_all_trials(race.study_id)) == 1
-    assert "Trial #1, a second teacher trial" in capsys.readouterr().out
+    assert "Trial #1, another teacher trial" in capsys.readouterr().out
 
 
 def test_a_worker_waits_for_the_teacher_trial_another_worker_runs(study_dir):

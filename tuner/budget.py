@@ -29,7 +29,10 @@ RETRY_HISTORY = "retry_history"
 
 
 def is_configuration(trial: FrozenTrial) -> bool:
-    """A trial that trained (or trains) a configuration, not another backend's point of it."""
+    """A trial that trained (or trains) a configuration: not another backend's point of it,
+    nor a duplicate teacher trial."""
+    if DUPLICATE_ATTR in trial.system_attrs:
+        return False
     return trial.user_attrs.get(TRAINED_IN_ATTR, trial.number) == trial.number
 
 
@@ -45,9 +48,7 @@ def retried_numbers(trials: Sequence[FrozenTrial]) -> set[int]:
 
 def _counts(trial: FrozenTrial, retried: set[int]) -> bool:
     if not is_configuration(trial):
-        return False  # another backend's point of a model trained elsewhere
-    if DUPLICATE_ATTR in trial.system_attrs:
-        return False
+        return False  # another backend's point of a model trained elsewhere, or a duplicate
     if trial.state == TrialState.PRUNED and SKIPPED_ATTR in trial.user_attrs:
         return False
     return not (trial.state == TrialState.FAIL and trial.number in retried)

@@ -242,7 +242,7 @@ def waiting_for_teacher(trial_number: int) -> None:
 
 def teacher_duplicate_skipped(trial_number: int, reason: str) -> None:
     console.print(
-        f"Trial #{trial_number}, a second teacher trial of workers that started together, is "
+        f"Trial #{trial_number}, another teacher trial of workers that started together, is "
         f"recorded as skipped: {reason}."
     )
 

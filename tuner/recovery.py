@@ -73,8 +73,9 @@ def interruptible() -> Iterator[None]:
 def deferred() -> Iterator[None]:
     """A first interrupt here is raised at the next safe point after the block, not inside it:
     for what must not stop half-way (Optuna creating a trial, points being written). A second
-    interrupt stops at once. Signals reach the main thread only: in another thread (workers
-    run as threads) this changes nothing, lest two threads' blocks restore each other's state."""
+    interrupt stops at once. Signals reach the main thread only: in another thread (the tests run
+    workers as threads) this changes nothing, lest two threads' blocks restore each other's
+    state."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return

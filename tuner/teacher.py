@@ -414,7 +414,8 @@ def _teacher_trials(
 
 
 def _failed_as_stale(trial: FrozenTrial) -> bool:
-    """Failed by a worker that found its own worker dead (tuner's own failures give a reason)."""
+    """Failed by another worker, which found this trial's worker dead (tuner's own failures
+    give a reason)."""
     return trial.state == TrialState.FAIL and "fail_reason" not in trial.user_attrs
 
 
