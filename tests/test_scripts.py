@@ -343,23 +343,27 @@ def test_offline_bundle_carries_what_the_target_lacks_and_installs_there(tmp_pat
 
 
 def test_offline_bundle_names_a_conflicting_dependency_that_is_not_installed_here():
-    import importlib.util
     from importlib import metadata
 
-    spec = importlib.util.spec_from_file_location(
-        "offline_bundle", REPO / "scripts" / "offline_bundle.py"
+    # pytest needs exceptiongroup on Pythons before 3.11 only, which this one (3.11 or later)
+    # is not: the note cannot offer the one installed here. Asked in a fresh interpreter, as the
+    # script runs (some packages put their own vendored distributions on sys.path).
+    (needs,) = [r for r in metadata.requires("pytest") if r.startswith("exceptiongroup")]
+    code = (
+        "import json, runpy; from importlib import metadata; "
+        f"bundle = runpy.run_path({str(REPO / 'scripts' / 'offline_bundle.py')!r}); "
+        "installed = [d for d in metadata.distributions() if d.name == 'exceptiongroup']; "
+        "notes = bundle['bundled_conflicts']("
+        "{'pytest': metadata.version('pytest')}, '3.10', {'exceptiongroup': '0.0.1'}); "
+        "print(json.dumps([bool(installed), notes]))"
     )
-    offline_bundle = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(offline_bundle)
-    # pytest needs tomli>=2 on Pythons before 3.11 only, so this Python (3.11 or later) has no
-    # tomli of pytest's: the note cannot offer the one installed here.
-    (tomli,) = [r for r in metadata.requires("pytest") if r.startswith("tomli")]
-    if importlib.util.find_spec("tomli") is not None:
-        pytest.skip("tomli is installed here, by something else")
-    notes = offline_bundle.bundled_conflicts(
-        {"pytest": metadata.version("pytest")}, "3.10", {"tomli": "1.2.3"}
-    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    installed, notes = json.loads(result.stdout)
+    if installed:
+        pytest.skip("exceptiongroup is installed here, by something else")
     assert notes == [
-        f"the target's tomli 1.2.3 is outside the bundled pytest {metadata.version('pytest')}'s "
-        f"{tomli}: install tomli here, then --replace tomli bundles it"
+        f"the target's exceptiongroup 0.0.1 is outside the bundled pytest "
+        f"{metadata.version('pytest')}'s {needs}: install exceptiongroup here, then --replace "
+        "exceptiongroup bundles it"
     ]
