@@ -201,8 +201,13 @@ class _TeacherRace:
         ]
 
     def close(self) -> None:
-        self.storage.remove_session()
-        self.storage.engine.dispose()
+        _close(self.storage)
+
+
+def _close(storage: optuna.storages.RDBStorage) -> None:
+    """Release a storage's connections (a test's database is dropped after it)."""
+    storage.remove_session()
+    storage.engine.dispose()
 
 
 def test_teacher_trials_queued_by_workers_together_train_once(study_dir, capsys):
@@ -350,8 +355,7 @@ def _workers_together(race: _TeacherRace, workers: int) -> list[Exception]:
     for thread in threads:
         thread.join()
     for storage in storages:
-        storage.remove_session()
-        storage.engine.dispose()
+        _close(storage)
     return errors
 
 

@@ -310,10 +310,12 @@ def ensure_trained(
     while True:
         # An interrupt deferred while a trial was claimed or finished stops here.
         raise_if_interrupted()
-        location = teachers.location(storage.get_study_user_attrs(study_id))
+        attrs = storage.get_study_user_attrs(study_id)
+        location = teachers.location(attrs)
         if location is not None:
             try:
-                StoredTeacher.load(location, teachers.tracking_uri)
+                # Fetched once for the whole invocation: the students read the same files.
+                teachers.files(attrs)
             except OSError as exc:
                 if retrained:
                     raise StudyStopped(
