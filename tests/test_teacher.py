@@ -4,8 +4,10 @@ retraining commands, refused when it does not fit, and a failed one stops the st
 
 from __future__ import annotations
 
+import os
 import shlex
 import shutil
+import signal
 import time
 from pathlib import Path
 
@@ -17,6 +19,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
 
+import tuner.trial
 from tuner import budget
 from tuner.backends import BACKENDS
 from tuner.config import compose_config
@@ -38,6 +41,7 @@ from tuner.teacher import (
     record_stored,
     save_teacher,
 )
+from tuner.training import TrainResult
 from tuner.trial_points import ARCHITECTURE_ATTR
 
 TrialState = optuna.trial.TrialState
@@ -84,6 +88,12 @@ def _study(directory: Path, name: str = STUDY) -> optuna.Study:
 
 def _teacher_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
     return [t for t in study.trials if TRIAL_ATTR in t.system_attrs]
+
+
+def _teacher_and_retries(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    """The teacher trial and the trials that retry it (they carry no teacher record)."""
+    (teacher,) = _teacher_trials(study)
+    return [t for t in study.trials if budget.configuration_of(t) == teacher.number]
 
 
 def _configurations(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
@@ -142,6 +152,62 @@ def test_the_teacher_is_trained_once_stored_and_reused_by_resumes(study_dir, cap
     assert len(_configurations(study)) == 4
 
 
+@pytest.mark.slow
+def test_a_teacher_trial_interrupted_after_storing_its_teacher_loads_it_when_retried(
+    study_dir, monkeypatch, capsys
+):
+    store = tuner.trial.record_stored
+
+    def store_then_interrupt(*args) -> None:
+        store(*args)
+        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C before any point is written
+
+    monkeypatch.setattr(tuner.trial, "record_stored", store_then_interrupt)
+    two_epochs = ("train.distill.alpha=0.5", "debug.overrides.train.epochs=2")
+    with pytest.raises(KeyboardInterrupt):
+        _run(study_dir, *two_epochs)
+    study = _study(study_dir)
+    interrupted, retry = _teacher_and_retries(study)
+    assert (interrupted.state, retry.state) == (TrialState.FAIL, TrialState.WAITING)
+    record = study.user_attrs[STORED_ATTR]["auto"]
+    assert record["trial"] == 0
+    curve = interrupted.user_attrs["val_accuracy_curve"]
+    assert [e["epoch"] for e in record["training"]["epochs"]] == [1, 2]
+    assert [e["val_accuracy"] for e in record["training"]["epochs"]] == curve
+    assert record["training"]["trained_on"] == "cpu"
+
+    monkeypatch.undo()
+    capsys.readouterr()
+    _run(study_dir, *two_epochs)
+    assert "loads the distillation teacher that trial #0 trained" in capsys.readouterr().out
+    study = _study(study_dir)
+    # Not trained again: the record still names trial #0's files, which the student learnt from.
+    assert study.user_attrs[STORED_ATTR]["auto"] == record
+    interrupted, retry = _teacher_and_retries(study)
+    assert retry.state == TrialState.COMPLETE
+    # The stored weights, evaluated again, give the accuracy of training's last epoch.
+    assert retry.user_attrs[EAGER_ACCURACY_ATTR] == curve[-1]
+    assert retry.user_attrs["val_accuracy_curve"] == curve
+    client = MlflowClient(f"sqlite:///{study_dir}/mlflow.db")
+    run = client.get_run(retry.user_attrs["mlflow_run_id"])
+    assert run.data.tags["tuner.teacher_loaded"] == f"{record['uri']} (trained in trial #0)"
+    # Its run shows the training that made it, epoch by epoch (the deployed point's accuracy
+    # follows at the last step, as in every run).
+    history = {
+        key: [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, key)]
+        for key in ("train_loss", "val_accuracy")
+    }
+    epochs = record["training"]["epochs"]
+    assert history["train_loss"] == [(e["epoch"], e["train_loss"]) for e in epochs]
+    assert history["val_accuracy"][:2] == [(1, curve[0]), (2, curve[1])]
+    assert run.data.metrics["train_seconds"] == record["training"]["seconds"]
+    (student,) = [t for t in _configurations(study) if budget.configuration_of(t) != 0]
+    assert (
+        client.get_run(student.user_attrs["mlflow_run_id"]).data.tags["tuner.teacher"]
+        == (record["uri"])
+    )
+
+
 class _TeacherRace:
     """A study of `storage` (a URL) whose teacher (`auto`) workers agree on, and the teacher
     files a finished teacher trial stores; `queued` teacher trials were queued by workers that
@@ -178,7 +244,7 @@ class _TeacherRace:
         storage = storage or self.storage
         assert trial.state == TrialState.RUNNING
         self.trained.append(trial.number)
-        record_stored(storage, self.study_id, "auto", trial.number, str(self.files))
+        record_stored(storage, self.study_id, "auto", trial.number, str(self.files), TrainResult())
         storage.set_trial_state_values(trial_id_of(trial), TrialState.COMPLETE, [0.8, 1.0])
 
     def ensure(self, storage=None, run_trial=None, fail_stale=lambda: None) -> None:

@@ -233,6 +233,14 @@ def training_teacher(trial_number: int, reference: object) -> None:
     )
 
 
+def teacher_loaded(trial_number: int, trained_in: int, location: str) -> None:
+    console.print(
+        f"Trial #{trial_number} loads the distillation teacher that trial #{trained_in} "
+        f"trained and stored ({location}) instead of training another; it deploys the "
+        "backends that have no point of it yet."
+    )
+
+
 def waiting_for_teacher(trial_number: int) -> None:
     console.print(
         f"Waiting for the distillation teacher, trained by another worker in trial "

@@ -22,6 +22,9 @@ if TYPE_CHECKING:
 # Optuna user attributes that tie a point to its MLflow run and logged model.
 RUN_ID_ATTR = "mlflow_run_id"
 MODEL_URI_ATTR = "mlflow_model_uri"
+# Set on every trial tuner fails (a failed point or trial), with why; a failed trial without
+# it was failed by Optuna: its worker died or was interrupted.
+FAIL_REASON_ATTR = "fail_reason"
 # Set on a failed trial whose model trained but whose backend failed: a failed point.
 FAILED_BACKEND_ATTR = "failed_backend"
 # The digest of a point's latency key in the study's latency table (`tuner.latency_table`).

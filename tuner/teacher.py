@@ -28,7 +28,7 @@ import re
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -44,12 +44,14 @@ from tuner.budget import BACKEND_KEY, DUPLICATE_ATTR, RETRY_HISTORY, SKIPPED_ATT
 from tuner.data.batches import Encoded
 from tuner.edits import apply_edits, edit_keys
 from tuner.errors import ConfigError, StudyStopped
+from tuner.front import FAIL_REASON_ATTR
 from tuner.models import MODEL_FAMILIES
 from tuner.optuna_compat import beat_once, trial_id_of
 from tuner.recipe import ModelRecipe
 from tuner.recovery import deferred, raise_if_interrupted
 from tuner.space import SearchSpace
 from tuner.training.distill import Distillation
+from tuner.training.loop import EpochResult, TrainResult
 
 KEY = "train.distill.teacher"
 ALPHA_KEY = "train.distill.alpha"
@@ -233,6 +235,23 @@ class Teachers:
         record = (stored.get(STORED_ATTR) or {}).get(str(self.reference))
         return None if record is None else str(record["uri"])
 
+    def stored_training(self, stored: Mapping[str, Any]) -> tuple[int, TrainResult] | None:
+        """For a teacher the study trains, once it is stored: the trial that trained it and how
+        (without validation logits); None before, and for a record written before tuner kept
+        how the teacher trained."""
+        record = None
+        if self.params is not None:
+            record = (stored.get(STORED_ATTR) or {}).get(str(self.reference))
+        if record is None or "training" not in record:
+            return None
+        training = record["training"]
+        return int(record["trial"]), TrainResult(
+            epochs=[EpochResult(**epoch) for epoch in training["epochs"]],
+            seconds=float(training["seconds"]),
+            trained_on=str(training["trained_on"]),
+            gpu_peak_mb=training["gpu_peak_mb"],
+        )
+
     def files(self, stored: Mapping[str, Any]) -> StoredTeacher:
         """The teacher's files, fetched once; OSError when they are gone."""
         location = self.location(stored)
@@ -278,10 +297,26 @@ def teacher_of(trial: FrozenTrial, by_number: Mapping[int, FrozenTrial]) -> dict
 
 
 def record_stored(
-    storage: optuna.storages.BaseStorage, study_id: int, reference: Any, trial: int, uri: str
+    storage: optuna.storages.BaseStorage,
+    study_id: int,
+    reference: Any,
+    trial: int,
+    uri: str,
+    training: TrainResult,
 ) -> None:
+    """Record where the teacher is stored, which trial trained it and how (its epochs, time
+    and device: a retry of that trial loads it and shows the same training)."""
     stored = dict(storage.get_study_user_attrs(study_id).get(STORED_ATTR) or {})
-    stored[str(reference)] = {"trial": trial, "uri": uri}
+    stored[str(reference)] = {
+        "trial": trial,
+        "uri": uri,
+        "training": {
+            "epochs": [asdict(epoch) for epoch in training.epochs],
+            "seconds": training.seconds,
+            "trained_on": training.trained_on,
+            "gpu_peak_mb": training.gpu_peak_mb,
+        },
+    }
     storage.set_study_user_attr(study_id, STORED_ATTR, stored)
 
 
@@ -352,7 +387,7 @@ def ensure_trained(
             if failed:
                 last = failed[-1]
                 reason = last.user_attrs.get(
-                    "fail_reason", last.user_attrs.get(SKIPPED_ATTR, last.state.name)
+                    FAIL_REASON_ATTR, last.user_attrs.get(SKIPPED_ATTR, last.state.name)
                 )
                 raise StudyStopped(
                     f"the distillation teacher ({KEY}={teachers.reference}, trial "
@@ -418,7 +453,7 @@ def _teacher_trials(
 def _failed_as_stale(trial: FrozenTrial) -> bool:
     """Failed by another worker, which found this trial's worker dead (tuner's own failures
     give a reason)."""
-    return trial.state == TrialState.FAIL and "fail_reason" not in trial.user_attrs
+    return trial.state == TrialState.FAIL and FAIL_REASON_ATTR not in trial.user_attrs
 
 
 def _claim(storage: optuna.storages.BaseStorage, trial: FrozenTrial) -> bool:

@@ -11,6 +11,7 @@ trial fails only when no backend deployed the model.
 
 from __future__ import annotations
 
+import copy
 import math
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -41,7 +42,7 @@ from tuner.early_stopping import (
     over_budget_reason,
     stop_reason,
 )
-from tuner.front import RUN_ID_ATTR, TEACHER_OF_ATTR, points_of
+from tuner.front import FAIL_REASON_ATTR, RUN_ID_ATTR, TEACHER_OF_ATTR, points_of
 from tuner.insight.measure import flops_per_call
 from tuner.latency_table import digest_of, structure_of
 from tuner.model_factory import untrained_model
@@ -58,7 +59,7 @@ from tuner.teacher import (
     store_after_training,
     teacher_of,
 )
-from tuner.training import EpochResult, batch_loss, train
+from tuner.training import EpochResult, TrainResult, batch_loss, train, validation_logits
 from tuner.trial_context import TrialContext
 from tuner.trial_latency import LatencyKeys
 from tuner.trial_points import ARCHITECTURE_ATTR, CONFIGURATION_ATTR, Trained
@@ -146,7 +147,7 @@ class Objective:
         if not backends:
             # Killed after every point was written: nothing is left to train or deploy.
             reason = f"every backend already has a point of configuration #{configuration}"
-            trial.set_user_attr("fail_reason", reason)
+            trial.set_user_attr(FAIL_REASON_ATTR, reason)
             ctx.tracker.fail(run_id, reason)
             raise optuna.TrialPruned(reason)
         # A retry queued by an earlier version carries the backend it drew; it keeps it.
@@ -323,18 +324,27 @@ class Objective:
             raise_if_interrupted()
             progress.update(task, completed=done, total=total, loss=loss)
 
-        with console.training_progress() as progress:
-            task = progress.add_task("training", total=None, loss=math.nan)
-            result = train(
-                model,
-                ctx.train_data,
-                ctx.val_data,
-                cfg.train,
-                batch_loss(ctx.serving.modality.name, cfg.train, ctx.factory.num_labels),
-                on_step=step_done,
-                on_epoch=end_of_epoch,
-                distillation=distillation,
+        stored_teacher = None
+        if teacher_for is not None:
+            assert ctx.teachers is not None
+            stored_teacher = ctx.teachers.stored_training(
+                ctx.storage.get_study_user_attrs(ctx.study_id)
             )
+        if stored_teacher is not None:
+            model, result = self._stored_teacher(trial, run_id, cfg, *stored_teacher)
+        else:
+            with console.training_progress() as progress:
+                task = progress.add_task("training", total=None, loss=math.nan)
+                result = train(
+                    model,
+                    ctx.train_data,
+                    ctx.val_data,
+                    cfg.train,
+                    batch_loss(ctx.serving.modality.name, cfg.train, ctx.factory.num_labels),
+                    on_step=step_done,
+                    on_epoch=end_of_epoch,
+                    distillation=distillation,
+                )
         reference = Reference(result.val_logits, ctx.val_data.labels)
         trial.set_user_attr(EAGER_ACCURACY_ATTR, reference.accuracy)
         try:
@@ -342,7 +352,7 @@ class Objective:
         except Exception as exc:  # the points go on without their roofline
             flops = None
             ctx.tracker.set_tags(run_id, {"roofline.absent": f"{type(exc).__name__}: {exc}"})
-        if teacher_for is not None:
+        if teacher_for is not None and stored_teacher is None:
             # Stored before deployment: students need it whatever its backends do.
             uri = store_after_training(
                 model,
@@ -350,7 +360,7 @@ class Objective:
                 ctx.serving.label_names,
                 lambda directory: ctx.tracker.log_directory(run_id, directory),
             )
-            record_stored(ctx.storage, ctx.study_id, teacher_for, trial.number, uri)
+            record_stored(ctx.storage, ctx.study_id, teacher_for, trial.number, uri, result)
         # Read once per trained model: every backend's point is judged against the same one.
         baseline = baseline_of(ctx.study_trials(), Baseline(reference.accuracy, trial.number))
         return Trained(
@@ -367,6 +377,33 @@ class Objective:
             teacher_for,
             flops,
         )
+
+    def _stored_teacher(
+        self,
+        trial: optuna.Trial,
+        run_id: str,
+        cfg: DictConfig,
+        trained_in: int,
+        training: TrainResult,
+    ) -> tuple[nn.Module, TrainResult]:
+        """A teacher trial whose teacher is stored already (an earlier attempt at it stored it,
+        then died before its points were written) loads it rather than train another, so that
+        every student of the study learns from the same teacher. Its run and curve show the
+        training that made it."""
+        ctx = self.context
+        assert ctx.teachers is not None
+        attrs = ctx.storage.get_study_user_attrs(ctx.study_id)
+        location = str(ctx.teachers.location(attrs))
+        console.teacher_loaded(trial.number, trained_in, location)
+        # A copy: deployment must not touch the teacher the students learn from.
+        model = copy.deepcopy(ctx.teachers.model(attrs))
+        training.val_logits = validation_logits(model, ctx.val_data, cfg.train)
+        ctx.tracker.replay_epochs(run_id, training.epochs)
+        ctx.tracker.set_tags(
+            run_id, {"tuner.teacher_loaded": f"{location} (trained in trial #{trained_in})"}
+        )
+        trial.set_user_attr(CURVE_ATTR, [epoch.val_accuracy for epoch in training.epochs])
+        return model, training
 
     def _deploy_everywhere(
         self,
@@ -425,6 +462,6 @@ class Objective:
 
     def _fail(self, trial: optuna.Trial, run_id: str, exc: Exception) -> None:
         reason = f"{type(exc).__name__}: {exc}"
-        trial.set_user_attr("fail_reason", reason)
+        trial.set_user_attr(FAIL_REASON_ATTR, reason)
         self.context.tracker.fail(run_id, reason)
         console.trial_failed(trial.number, reason, exc)

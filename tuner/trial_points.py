@@ -20,6 +20,7 @@ from tuner.constraints import EAGER_ACCURACY_ATTR, Baseline
 from tuner.convergence import REFERENCE_ATTR, reference_point
 from tuner.deploy import BackendResult, Reference
 from tuner.front import (
+    FAIL_REASON_ATTR,
     FAILED_BACKEND_ATTR,
     LATENCY_KEY_ATTR,
     MODEL_URI_ATTR,
@@ -157,7 +158,7 @@ def record(
     set_attr(LATENCY_KEY_ATTR, trained.latency_keys.get(result.backend))
     if result.error:
         reason = f"backend {result.backend}: {result.error}"
-        set_attr("fail_reason", reason)
+        set_attr(FAIL_REASON_ATTR, reason)
         set_attr(FAILED_BACKEND_ATTR, result.backend)
         ctx.tracker.fail(run_id, reason)
         return {}

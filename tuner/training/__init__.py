@@ -11,6 +11,7 @@ from tuner.training.loop import (
     collect_logits,
     evaluate,
     train,
+    validation_logits,
 )
 from tuner.training.mixing import MIXING, BatchLoss, batch_loss
 from tuner.training.mixup import mixup
@@ -37,4 +38,5 @@ __all__ = [
     "initialise_new_layers",
     "mixup",
     "train",
+    "validation_logits",
 ]

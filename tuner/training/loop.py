@@ -111,6 +111,15 @@ def train(
         )
 
 
+def validation_logits(model: nn.Module, val_data: Encoded, cfg: DictConfig) -> torch.Tensor:
+    """A trained model's validation logits, computed where and as training's last epoch
+    computes them (`cfg` is the `train` node it trained with)."""
+    placement = Placement.of(cfg)
+    with placement.holding(model, batch_size=int(cfg.batch_size)):
+        model.eval()
+        return collect_logits(placement.logits_of(model), val_data)
+
+
 def _train_placed(
     model: nn.Module,
     train_data: Encoded,
