@@ -98,7 +98,7 @@ def text_subject(tiny_bert, val_data) -> Subject:
     return Subject(tiny_bert, TINY_BERT, val_data, _example(val_data), calibration)
 
 
-def _deploy_subject(name: str, subject: Subject, workdir, deploy=DEPLOY):
+def _deploy_subject(name: str, subject: Subject, workdir, deploy=DEPLOY, timer=None):
     reference = reference_of(subject.model, subject.val_data)
     return deploy_on(
         name,
@@ -111,6 +111,7 @@ def _deploy_subject(name: str, subject: Subject, workdir, deploy=DEPLOY):
         deploy,
         workdir,
         subject.calibration,
+        timer,
     )
 
 
@@ -555,6 +556,26 @@ def test_non_finite_outputs_fail_the_point(tiny_bert, val_data, monkeypatch, tmp
     result = _deploy("overflowing", tiny_bert, val_data, tmp_path)
     assert result.error is not None
     assert "non-finite outputs (NaN/Inf) on 1 of 48 examples" in result.error
+
+
+def test_a_point_is_timed_with_no_memory_sampler_beside_it(text_subject, tmp_path):
+    import threading
+
+    from tuner.latency import measure_latency
+    from tuner.memory import SAMPLER_THREAD
+
+    threads_while_timed = []
+
+    def timer(logits_of):
+        threads_while_timed.append({thread.name for thread in threading.enumerate()})
+        return measure_latency(logits_of, text_subject.example, PROTOCOL)
+
+    result = _deploy_subject("eager", text_subject, tmp_path, timer=timer)
+    assert result.error is None and result.latency is not None
+    (names,) = threads_while_timed
+    assert SAMPLER_THREAD not in names
+    # Conversion and the accuracy check were sampled.
+    assert math.isfinite(result.peak_memory_mb)
 
 
 def test_export_error_is_kept_on_the_point(tiny_bert, val_data, tmp_path):

@@ -72,6 +72,45 @@ def test_constraint_values_follow_optunas_sign_convention():
     assert Constraints().values(0.1, 99.0, baseline) == {}
 
 
+def test_a_point_exactly_at_the_accuracy_drop_limit_is_within_it():
+    # 86 and 85 of 100 validation examples: in floats 0.86 - 0.85 - 0.01 is 8.7e-18, not 0.
+    study = _study([("eager", 0.86, 20.0, 0.86), ("int8_dynamic", 0.85, 5.0, 0.86)])
+    study.add_trial(
+        optuna.trial.create_trial(
+            params={"deploy.backend": "int8_dynamic"},
+            distributions=BACKEND,
+            values=[0.84, 4.0],
+            user_attrs={"deploy.backend": "int8_dynamic", "reference_accuracy": 0.86},
+        )
+    )
+    constraints = Constraints(max_accuracy_drop=0.01)
+    assert constraints.values(0.85, 5.0, Baseline(0.86, 0)) == {"accuracy_drop": 0.0}
+    points = study_points(study, constraints)
+    assert [p.feasible for p in points] == [True, True, False]
+    assert [p.pareto for p in points] == [True, True, False]
+
+
+def test_a_study_whose_points_are_all_over_its_constraints_says_so(capsys):
+    from tuner.console import front_summary
+
+    constraints = Constraints(latency_budget_ms=4.0)
+    study = _study(POINTS)
+    points = study_points(study, constraints)
+    front_summary("s", points, Failures(), baseline_of(study.trials), constraints)
+    out = " ".join(capsys.readouterr().out.split())
+    assert "None of the 4 point(s) of study 's' is within its constraints" in out
+    assert "(study.latency_budget_ms=4): its front is empty" in out
+    both = Constraints(max_accuracy_drop=0.0, latency_budget_ms=4.0)
+    front_summary("s", study_points(study, both), Failures(), baseline_of(study.trials), both)
+    out = " ".join(capsys.readouterr().out.split())
+    assert (
+        "(study.max_accuracy_drop=0, study.latency_budget_ms=4; accuracy drops are measured "
+        "from the best eager fp32 validation accuracy, 0.8400 (model of trial #2))" in out
+    )
+    front_summary("s", [], Failures(), Baseline(), constraints)
+    assert "Study 's' has no complete trial yet." in capsys.readouterr().out
+
+
 def test_table_and_plot(tmp_path):
     points = study_points(_study(POINTS), Constraints(max_accuracy_drop=0.035))
     table = front_table(points)
@@ -150,5 +189,11 @@ def test_failed_points_and_failed_trials_are_counted_apart():
         study.add_trial(optuna.trial.create_trial(state=TrialState.FAIL, user_attrs=user_attrs))
     study.add_trial(
         optuna.trial.create_trial(state=TrialState.WAITING, system_attrs={"retry_history": [6]})
+    )
+    # A duplicate teacher trial whose worker died while it was being finished: never a failure.
+    study.add_trial(
+        optuna.trial.create_trial(
+            state=TrialState.FAIL, system_attrs={"tuner:teacher_duplicate": True}
+        )
     )
     assert failures_of(study.trials) == Failures(points=1, trials=1)

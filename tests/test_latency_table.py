@@ -201,6 +201,31 @@ def _storage(path):
     return storage, study_id_of(study)
 
 
+def test_caps_on_pytorch_s_kernels_are_part_of_the_key_only_where_set(monkeypatch):
+    from tuner.latency import LatencyProtocol
+
+    protocol = LatencyProtocol(batch_size=1, seq_len=16, num_threads=1, warmup=1, repeats=3)
+    for name in ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY"):
+        monkeypatch.delenv(name, raising=False)
+    plain = protocol.record("latency.")
+    # Uncapped, the record is as it was before caps were recorded: the keys stay the same.
+    assert not any("cap" in key for key in plain)
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "avx2")
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "default")
+    capped = protocol.record("latency.")
+    assert capped == {
+        **plain,
+        "latency.kernel_caps": {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "default"},
+    }
+    # Readings taken under caps never pool with uncapped ones of the same architecture.
+    key = latency_key(_model(), STRUCTURE, "eager", DEPLOY, plain)
+    assert not measured_alike(key, DEPLOY, capped)
+    assert measured_alike(key, DEPLOY, plain)
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "ALL")  # oneDNN's own word for no cap
+    monkeypatch.delenv("ATEN_CPU_CAPABILITY")
+    assert protocol.record("latency.") == plain
+
+
 def test_sessions_of_one_key_pool_their_rounds_in_time_order(tmp_path):
     storage, study_id = _storage(tmp_path / "a.db")
     key = latency_key(_model(), STRUCTURE, "eager", DEPLOY, PROTOCOL_RECORD)
@@ -339,8 +364,9 @@ def test_a_worker_killed_mid_measurement_leaves_nothing_half_done(tmp_path):
     assert LatencyTable.of_study(storage, study_id).rounds == {}
 
 
-def test_one_worker_at_a_time_confirms_the_front_and_a_dead_one_s_claim_expires(tmp_path):
-    import datetime
+def _two_workers_confirm(tmp_path, hold_seconds: float, before=lambda study: None):
+    """Two workers of one study take the front's confirmation lock, the second while the first
+    holds it for `hold_seconds`; the order they went in and out, and the second's study."""
     import threading
 
     from tuner.retime import front_lock
@@ -348,9 +374,7 @@ def test_one_worker_at_a_time_confirms_the_front_and_a_dead_one_s_claim_expires(
     url = f"sqlite:///{tmp_path / 'lock.db'}"
     _storage(tmp_path / "lock.db")
     first, second = (optuna.load_study(study_name="s", storage=url) for _ in range(2))
-    # A worker that died holding the lock 31 minutes ago holds it no more.
-    old = datetime.datetime.now(datetime.UTC) - datetime.timedelta(minutes=31)
-    first.set_user_attr("front-confirmation:dead", old.isoformat())
+    before(first)
     events: list[str] = []
     inside = threading.Event()
 
@@ -358,7 +382,7 @@ def test_one_worker_at_a_time_confirms_the_front_and_a_dead_one_s_claim_expires(
         with front_lock(first, poll_seconds=0.05):
             events.append("first in")
             inside.set()
-            time.sleep(1.0)
+            time.sleep(hold_seconds)
             events.append("first out")
 
     thread = threading.Thread(target=holder)
@@ -367,12 +391,37 @@ def test_one_worker_at_a_time_confirms_the_front_and_a_dead_one_s_claim_expires(
     with front_lock(second, poll_seconds=0.05):
         events.append("second in")
     thread.join()
+    return events, second
+
+
+def test_one_worker_at_a_time_confirms_the_front_and_a_dead_one_s_claim_expires(tmp_path):
+    import datetime
+
+    # A worker whose claim was last refreshed 11 minutes ago died holding the lock, which it
+    # holds no more.
+    old = (datetime.datetime.now(datetime.UTC) - datetime.timedelta(minutes=11)).isoformat()
+    events, study = _two_workers_confirm(
+        tmp_path,
+        1.0,
+        lambda first: first.set_user_attr("front-confirmation:dead", {"since": old, "alive": old}),
+    )
     assert events == ["first in", "first out", "second in"]
     # Every claim made here is released.
-    claims = {k: v for k, v in second.user_attrs.items() if k.startswith("front-confirmation:")}
-    assert len(claims) == 3 and [
-        v for k, v in claims.items() if k != "front-confirmation:dead"
-    ] == [
-        None,
-        None,
-    ]
+    claims = {k: v for k, v in study.user_attrs.items() if k.startswith("front-confirmation:")}
+    assert len(claims) == 3
+    assert [v for k, v in claims.items() if k != "front-confirmation:dead"] == [None, None]
+
+
+def test_a_worker_confirming_the_front_longer_than_a_claim_lasts_keeps_the_lock(
+    tmp_path, monkeypatch
+):
+    import datetime
+
+    import tuner.retime
+
+    # Claims refreshed every 0.1 s, expired after 0.5 s unrefreshed; the first worker holds the
+    # lock for 1.5 s.
+    monkeypatch.setattr(tuner.retime, "_CLAIM_REFRESH", datetime.timedelta(seconds=0.1))
+    monkeypatch.setattr(tuner.retime, "_CLAIM_EXPIRES", datetime.timedelta(seconds=0.5))
+    events, _ = _two_workers_confirm(tmp_path, 1.5)
+    assert events == ["first in", "first out", "second in"]

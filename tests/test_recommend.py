@@ -60,6 +60,13 @@ def test_both_limits_and_nothing_that_fits():
     assert recommend([], Rule(), BASELINE) is None
 
 
+def test_a_point_exactly_at_the_drop_is_within_it():
+    # 85 of 100 examples against 86: in floats 0.86 - 0.01 is above 0.85.
+    front = [_point(0, 0.86, 20.0), _point(1, 0.85, 5.0)]
+    assert recommend(front, Rule(max_accuracy_drop=0.01), Baseline(0.86, 0)).trial_number == 1
+    assert recommend(front, Rule(max_accuracy_drop=0.009), Baseline(0.86, 0)).trial_number == 0
+
+
 def test_ties_do_not_depend_on_order():
     twins = [_point(7, 0.79, 10.0), _point(5, 0.79, 10.0), _point(6, 0.80, 10.0)]
     assert recommend(twins, Rule(), BASELINE).trial_number == 6

@@ -394,6 +394,38 @@ def test_retime_front_times_the_front_again_against_the_study_s_table(smoke):
     assert "re-timed in 2 session(s) 1 s apart" in result.stdout
 
 
+def test_the_front_to_time_again_is_the_one_under_the_study_s_own_constraints(smoke, tmp_path):
+    import shutil
+
+    from tuner.settings import SETTINGS_ATTR
+    from tuner.stored_front import study_front
+
+    # The smoke study, as if made with study.max_accuracy_drop=0: points below the best eager
+    # fp32 accuracy are infeasible, and the front is that of the others.
+    shutil.copy(smoke / "optuna.db", tmp_path / "optuna.db")
+    url = f"sqlite:///{tmp_path}/optuna.db"
+    study = optuna.load_study(study_name=STUDY, storage=url)
+    study.set_user_attr(
+        SETTINGS_ATTR, {**study.user_attrs[SETTINGS_ATTR], "study.max_accuracy_drop": 0.0}
+    )
+    points = study_points(study)  # no constraint: the table latency of every point
+    best = baseline_of(study.trials).accuracy
+    feasible = [p for p in points if p.val_accuracy >= best]
+    expected = {
+        f"#{p.trial_number} {p.backend}"
+        for p in feasible
+        if not any(
+            (q.val_accuracy >= p.val_accuracy and q.latency_ms <= p.latency_ms)
+            and (q.val_accuracy > p.val_accuracy or q.latency_ms < p.latency_ms)
+            for q in feasible
+        )
+    }
+    unconstrained = {f"#{p.trial_number} {p.backend}" for p in points if p.pareto}
+    assert expected and expected != unconstrained
+    front = study_front([*SMOKE, f"study.storage={url}"])
+    assert {target.label for target in front.targets} == expected
+
+
 def test_bench_steadiness_splits_the_front_s_windows_by_the_machine_reference(smoke):
     result = _script("bench_steadiness.py", "--seconds", "4", "--calls", "3", *SMOKE, cwd=smoke)
     assert result.returncode == 0, result.stderr

@@ -19,6 +19,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
 
+import tuner.study
 import tuner.trial
 from tuner import budget
 from tuner.backends import BACKENDS
@@ -163,23 +164,30 @@ def test_a_teacher_trial_interrupted_after_storing_its_teacher_loads_it_when_ret
         os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C before any point is written
 
     monkeypatch.setattr(tuner.trial, "record_stored", store_then_interrupt)
-    two_epochs = ("train.distill.alpha=0.5", "debug.overrides.train.epochs=2")
+    # Two backends: the trial's own point and another one.
+    args = [
+        *(a for a in _args(study_dir) if not a.startswith("deploy.backend=")),
+        "+search_space={deploy.backend:'choice(eager,int8_dynamic)'}",
+        "train.distill.alpha=0.5",
+        "debug.overrides.train.epochs=2",
+    ]
     with pytest.raises(KeyboardInterrupt):
-        _run(study_dir, *two_epochs)
+        run_study(compose_config(args), overrides=args)
     study = _study(study_dir)
     interrupted, retry = _teacher_and_retries(study)
     assert (interrupted.state, retry.state) == (TrialState.FAIL, TrialState.WAITING)
+    assert len(study.trials) == 2  # no point was written
     record = study.user_attrs[STORED_ATTR]["auto"]
     assert record["trial"] == 0
     curve = interrupted.user_attrs["val_accuracy_curve"]
-    assert [e["epoch"] for e in record["training"]["epochs"]] == [1, 2]
-    assert [e["val_accuracy"] for e in record["training"]["epochs"]] == curve
-    assert record["training"]["trained_on"] == "cpu"
+    epochs = record["training"]["epochs"]
+    assert [e["epoch"] for e in epochs] == [1, 2]
+    assert [e["val_accuracy"] for e in epochs] == curve
 
     monkeypatch.undo()
     capsys.readouterr()
-    _run(study_dir, *two_epochs)
-    assert "loads the distillation teacher that trial #0 trained" in capsys.readouterr().out
+    run_study(compose_config(args), overrides=args)
+    assert "Loading the distillation teacher that trial #0 trained" in capsys.readouterr().out
     study = _study(study_dir)
     # Not trained again: the record still names trial #0's files, which the student learnt from.
     assert study.user_attrs[STORED_ATTR]["auto"] == record
@@ -189,23 +197,57 @@ def test_a_teacher_trial_interrupted_after_storing_its_teacher_loads_it_when_ret
     assert retry.user_attrs[EAGER_ACCURACY_ATTR] == curve[-1]
     assert retry.user_attrs["val_accuracy_curve"] == curve
     client = MlflowClient(f"sqlite:///{study_dir}/mlflow.db")
-    run = client.get_run(retry.user_attrs["mlflow_run_id"])
-    assert run.data.tags["tuner.teacher_loaded"] == f"{record['uri']} (trained in trial #0)"
-    # Its run shows the training that made it, epoch by epoch (the deployed point's accuracy
-    # follows at the last step, as in every run).
-    history = {
-        key: [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, key)]
-        for key in ("train_loss", "val_accuracy")
-    }
-    epochs = record["training"]["epochs"]
-    assert history["train_loss"] == [(e["epoch"], e["train_loss"]) for e in epochs]
-    assert history["val_accuracy"][:2] == [(1, curve[0]), (2, curve[1])]
-    assert run.data.metrics["train_seconds"] == record["training"]["seconds"]
+    points = [t for t in study.trials if t.user_attrs.get("trained_in_trial") == retry.number]
+    assert sorted(t.user_attrs["deploy.backend"] for t in points) == ["eager", "int8_dynamic"]
+    for point in points:
+        run = client.get_run(point.user_attrs["mlflow_run_id"])
+        assert run.data.tags["tuner.teacher_loaded"] == f"{record['uri']} (trained in trial #0)"
+        # Its run shows the training that made it, epoch by epoch (the deployed point's
+        # accuracy follows at the last step, as in every run).
+        history = {
+            key: [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, key)]
+            for key in ("train_loss", "val_accuracy")
+        }
+        assert history["train_loss"] == [(e["epoch"], e["train_loss"]) for e in epochs]
+        assert history["val_accuracy"][:2] == [(1, curve[0]), (2, curve[1])]
+        assert run.data.metrics["train_seconds"] == record["training"]["seconds"]
     (student,) = [t for t in _configurations(study) if budget.configuration_of(t) != 0]
+    tags = client.get_run(student.user_attrs["mlflow_run_id"]).data.tags
+    assert tags["tuner.teacher"] == record["uri"]
+    # Trained in this process, as the teacher was.
+    assert record["training"]["trained_on"] == tags["train.trained_on"]
+
+
+@pytest.mark.slow
+def test_a_teacher_trial_queued_once_the_teacher_is_stored_is_a_duplicate(
+    study_dir, monkeypatch, capsys
+):
+    ensure = tuner.study.ensure_trained
+
+    def another_worker_queues_one_meanwhile(study, storage, study_id, *args, **kwargs) -> None:
+        # Another worker that found no teacher trial queues one just after this worker's last
+        # look; this worker's `study.optimize` takes it.
+        ensure(study, storage, study_id, *args, **kwargs)
+        template = optuna.trial.create_trial(
+            state=TrialState.WAITING,
+            system_attrs={TRIAL_ATTR: study.trials[0].system_attrs[TRIAL_ATTR]},
+        )
+        storage.create_new_trial(study_id, template_trial=template)
+
+    monkeypatch.setattr(tuner.study, "ensure_trained", another_worker_queues_one_meanwhile)
+    _run(study_dir, "train.distill.alpha=0.5")
+    study = _study(study_dir)
+    teacher, duplicate = _teacher_trials(study)
+    assert duplicate.state == TrialState.PRUNED
+    assert duplicate.system_attrs[budget.DUPLICATE_ATTR] is True
     assert (
-        client.get_run(student.user_attrs["mlflow_run_id"]).data.tags["tuner.teacher"]
-        == (record["uri"])
+        duplicate.user_attrs[budget.SKIPPED_ATTR] == "train.distill.teacher=auto is stored already"
     )
+    assert "mlflow_run_id" not in duplicate.user_attrs  # nothing ran
+    assert study.user_attrs[STORED_ATTR]["auto"]["trial"] == teacher.number
+    # The teacher and one student: the duplicate counts nowhere.
+    assert len(_configurations(study)) == 2
+    assert f"Trial #{duplicate.number}, another teacher trial" in capsys.readouterr().out
 
 
 class _TeacherRace:

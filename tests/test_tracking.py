@@ -93,3 +93,31 @@ def test_a_point_run_gets_its_key_s_latency_when_it_moves_on_as_many_rounds(tmp_
     # The same latency again: nothing new is logged.
     tracker.revise_latencies("study", {3: now})
     assert len(client.get_metric_history(run_id, "latency_ms_p50")) == 2
+
+
+def test_the_report_says_why_a_point_has_no_logged_model(tmp_path, monkeypatch):
+    from mlflow.tracking import MlflowClient
+
+    from tuner.front import Point
+    from tuner.report import why_no_model
+    from tuner.tracking import JOINED_LATER, MODEL_ABSENT_TAG, MODEL_ERROR_TAG, Tracker
+
+    monkeypatch.chdir(tmp_path)
+    tracker = Tracker(f"sqlite:///{tmp_path}/mlflow.db", "study")
+    parent = tracker.start_parent("study", {}, "")
+    tags = [{MODEL_ABSENT_TAG: JOINED_LATER}, {MODEL_ERROR_TAG: "OSError: disk full"}, {}]
+    runs = []
+    for number, run_tags in enumerate(tags):
+        runs.append(tracker.start_trial(parent, "study", number, "eager", {}, number))
+        tracker.set_tags(runs[-1], run_tags)
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+
+    def why(run_id: str | None) -> str:
+        point = Point(0, "eager", 0.8, 1.0, 1.2, 1.0, 0, pareto=True, mlflow_run_id=run_id)
+        return why_no_model(point, client)
+
+    assert why(runs[0]).startswith("it joined the front after it was made")
+    assert why(runs[1]).startswith("logging it failed (OSError: disk full); retrain it")
+    assert why(runs[2]).startswith("its run records none")
+    assert why("0" * 32).startswith("its run records none")  # a run the store does not have
+    assert why(None).startswith("its run records none")

@@ -25,7 +25,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from tuner.constraints import Baseline
+from tuner.constraints import Baseline, Constraints
 from tuner.errors import TrialFailed
 from tuner.front import Failures, Point
 
@@ -233,11 +233,11 @@ def training_teacher(trial_number: int, reference: object) -> None:
     )
 
 
-def teacher_loaded(trial_number: int, trained_in: int, location: str) -> None:
+def teacher_loaded(trained_in: int, location: str) -> None:
     console.print(
-        f"Trial #{trial_number} loads the distillation teacher that trial #{trained_in} "
-        f"trained and stored ({location}) instead of training another; it deploys the "
-        "backends that have no point of it yet."
+        f"Loading the distillation teacher that trial #{trained_in} trained and stored "
+        f"({location}) instead of training another; this retry deploys the backends that have "
+        "no point of it yet."
     )
 
 
@@ -250,7 +250,7 @@ def waiting_for_teacher(trial_number: int) -> None:
 
 def teacher_duplicate_skipped(trial_number: int, reason: str) -> None:
     console.print(
-        f"Trial #{trial_number}, another teacher trial of workers that started together, is "
+        f"Trial #{trial_number}, another teacher trial (queued by a worker that found none), is "
         f"recorded as skipped: {reason}."
     )
 
@@ -351,7 +351,11 @@ def training_progress() -> Iterator[Progress | LogProgress]:
 
 
 def front_summary(
-    study_name: str, points: list[Point], failures: Failures, baseline: Baseline
+    study_name: str,
+    points: list[Point],
+    failures: Failures,
+    baseline: Baseline,
+    constraints: Constraints,
 ) -> None:
     if failures.points:
         console.print(
@@ -362,6 +366,17 @@ def front_summary(
             f"[yellow]{failures.trials} trial(s) failed before any point; see fail_reason.[/]"
         )
     front = sorted((p for p in points if p.pareto), key=lambda p: p.latency_ms)
+    if not front and points:
+        measured_from = (
+            f"; accuracy drops are measured from {baseline.describe()}"
+            if constraints.max_accuracy_drop is not None
+            else ""
+        )
+        console.print(
+            f"[yellow]None of the {len(points)} point(s) of study '{study_name}' is within its "
+            f"constraints ({constraints.describe()}{measured_from}): its front is empty.[/]"
+        )
+        return
     if not front:
         console.print(f"Study '{study_name}' has no complete trial yet.")
         return
@@ -375,7 +390,7 @@ def front_summary(
     table.add_column("params", overflow="fold")
     for p in front:
         params = ", ".join(f"{key}={_short(value)}" for key, value in p.params.items())
-        accuracy = f"{100 * (p.val_accuracy - baseline.accuracy):+.1f} pts"
+        accuracy = f"{100 * (p.val_accuracy - baseline.accuracy):+.2f} pts"
         row = [
             str(p.trial_number),
             p.backend,

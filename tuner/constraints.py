@@ -14,8 +14,9 @@ models complete: samplers keep the values computed when each point was made, and
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import optuna
 from omegaconf import DictConfig
@@ -60,6 +61,14 @@ def baseline_of(
     )
 
 
+def drop_beyond(best: float, val_accuracy: float, max_drop: float) -> float:
+    """How far `val_accuracy` lies below `best` beyond `max_drop` (<= 0: within it). Rounded to
+    12 decimals: accuracies are fractions of the validation set, whose float differences carry
+    errors of ~1e-17, and a point exactly at the limit (0.85 under 0.86 with a drop of 0.01)
+    must be within it; one example in a million is still 1e-6."""
+    return round(best - val_accuracy - max_drop, 12)
+
+
 @dataclass(frozen=True)
 class Constraints:
     """`max_accuracy_drop` in accuracy units (0.01 = one point) below the baseline;
@@ -69,9 +78,22 @@ class Constraints:
     latency_budget_ms: float | None = None
 
     @classmethod
+    def of_settings(cls, settings: Mapping[str, Any]) -> Constraints:
+        """From a study's recorded settings (`tuner.settings`: flat keys)."""
+        return cls(settings.get("study.max_accuracy_drop"), settings.get("study.latency_budget_ms"))
+
+    @classmethod
     def from_config(cls, study_cfg: DictConfig) -> Constraints:
         drop, budget = study_cfg.get("max_accuracy_drop"), study_cfg.get("latency_budget_ms")
         return cls(None if drop is None else float(drop), None if budget is None else float(budget))
+
+    def describe(self) -> str:
+        """The constraints that are set, as the study's keys."""
+        keys = {
+            "study.max_accuracy_drop": self.max_accuracy_drop,
+            "study.latency_budget_ms": self.latency_budget_ms,
+        }
+        return ", ".join(f"{key}={value:g}" for key, value in keys.items() if value is not None)
 
     def values(
         self, val_accuracy: float, latency_ms: float, baseline: Baseline
@@ -81,7 +103,7 @@ class Constraints:
         if self.max_accuracy_drop is not None:
             # Before any baseline exists a point is judged against its own model only.
             best = baseline.accuracy if math.isfinite(baseline.accuracy) else val_accuracy
-            result["accuracy_drop"] = best - val_accuracy - self.max_accuracy_drop
+            result["accuracy_drop"] = drop_beyond(best, val_accuracy, self.max_accuracy_drop)
         if self.latency_budget_ms is not None:
             result["latency_budget"] = latency_ms - self.latency_budget_ms
         return result

@@ -222,10 +222,12 @@ def deploy_on(
                 deployment, backend_name, model, recipe, example, deploy_cfg, calibration
             )
             checks = check_outputs(collect_logits(converted.logits_of, val_data), reference)
-            if timer is None:
-                latency = measure_latency(converted.logits_of, example, protocol)
-            else:
-                latency = timer(converted.logits_of)
+        # Timed once the memory sampler's thread has stopped: no round of the protocol, this
+        # one or those timed later, runs with a sampler beside it.
+        if timer is None:
+            latency = measure_latency(converted.logits_of, example, protocol)
+        else:
+            latency = timer(converted.logits_of)
     except Exception as exc:  # any backend failure stays on this point
         return BackendResult(backend_name, error=f"{type(exc).__name__}: {exc}".strip())
     # Read and profiled apart from the timed calls (after them, or before the rounds a

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import optuna
 import pandas as pd
 
-from tuner.budget import retried_numbers
+from tuner.budget import DUPLICATE_ATTR, retried_numbers
 from tuner.constraints import Baseline, Constraints, baseline_of
 from tuner.insight.point import INSIGHT_ATTR, PointInsight
 from tuner.latency import DEFAULT_STATISTIC, objective_name
@@ -72,7 +72,8 @@ class Point:
 @dataclass(frozen=True)
 class Failures:
     """Failed points (a backend failed on a trained model) and failed trials (training or
-    setup failed, so no point at all). An interrupted trial that was queued again is neither."""
+    setup failed, so no point at all). An interrupted trial that was queued again is neither,
+    nor a duplicate teacher trial (never run)."""
 
     points: int = 0
     trials: int = 0
@@ -81,7 +82,11 @@ class Failures:
 def failures_of(trials: Sequence[optuna.trial.FrozenTrial]) -> Failures:
     retried = retried_numbers(trials)
     failed = [
-        t for t in trials if t.state == optuna.trial.TrialState.FAIL and t.number not in retried
+        t
+        for t in trials
+        if t.state == optuna.trial.TrialState.FAIL
+        and t.number not in retried
+        and DUPLICATE_ATTR not in t.system_attrs
     ]
     points = sum(1 for t in failed if FAILED_BACKEND_ATTR in t.user_attrs)
     return Failures(points=points, trials=len(failed) - points)

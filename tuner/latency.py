@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import math
+import os
 import platform
 import subprocess
 import time
@@ -29,7 +30,7 @@ import torch
 from omegaconf import DictConfig
 
 from tuner.backends.base import ExampleInputs
-from tuner.backends.cpu import isa_flags
+from tuner.backends.cpu import isa_flags, onednn_isa_cap
 from tuner.devices import gpu_index
 from tuner.registry import Registry
 from tuner.steadiness import near_floor, reference_for, steadiest_rounds, steady_rounds
@@ -95,7 +96,19 @@ class LatencyProtocol:
             "torch_version": torch.__version__,
             "onnxruntime_version": _version("onnxruntime"),
         }
+        caps = kernel_caps()
+        if caps:  # left out where none is set: records (and keys) made without stay as they were
+            values["kernel_caps"] = caps
         return {f"{prefix}{key}": value for key, value in values.items()}
+
+
+def kernel_caps() -> dict[str, str]:
+    """The caps set on the instruction sets PyTorch's CPU kernels use, oneDNN's
+    (`ONEDNN_MAX_CPU_ISA`) and ATen's vectorised ones (`ATEN_CPU_CAPABILITY`): the same CPU
+    runs the same model at another speed under them."""
+    caps = {"ONEDNN_MAX_CPU_ISA": onednn_isa_cap()}
+    caps["ATEN_CPU_CAPABILITY"] = os.environ.get("ATEN_CPU_CAPABILITY", "").strip().lower() or None
+    return {name: value for name, value in caps.items() if value is not None}
 
 
 # How `LatencyProtocol.from_config` reads the fields that are no int.

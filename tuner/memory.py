@@ -32,6 +32,10 @@ class PeakMemory:
         return max(self.peak_bytes - self.baseline_bytes, 0) / 1e6
 
 
+# The name of the thread that samples the resident size.
+SAMPLER_THREAD = "tuner-memory-sampler"
+
+
 @contextmanager
 def track_peak_memory(interval_s: float = 0.005) -> Iterator[PeakMemory]:
     """Sample the resident size in a thread; a sampler misses spikes shorter than `interval_s`."""
@@ -42,7 +46,7 @@ def track_peak_memory(interval_s: float = 0.005) -> Iterator[PeakMemory]:
         while not stop.wait(interval_s):
             result.peak_bytes = max(result.peak_bytes, resident_bytes())
 
-    sampler = threading.Thread(target=sample, daemon=True)
+    sampler = threading.Thread(target=sample, daemon=True, name=SAMPLER_THREAD)
     sampler.start()
     try:
         yield result

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from tuner.constraints import Baseline
+from tuner.constraints import Baseline, drop_beyond
 from tuner.front import Point
 
 DEFAULT_MAX_ACCURACY_DROP = 0.01
@@ -64,7 +64,7 @@ def recommend(points: list[Point], rule: Rule, baseline: Baseline) -> Point | No
         if (rule.max_latency_ms is None or p.latency_ms <= rule.max_latency_ms)
         and (
             rule.max_accuracy_drop is None
-            or p.val_accuracy >= best_accuracy - rule.max_accuracy_drop - 1e-12
+            or drop_beyond(best_accuracy, p.val_accuracy, rule.max_accuracy_drop) <= 0
         )
     ]
     if not candidates:

@@ -44,6 +44,7 @@ from tuner.settings import (
     typed_contradiction,
 )
 from tuner.storage import open_storage
+from tuner.tracking import MODEL_ABSENT_TAG, MODEL_ERROR_TAG
 
 TEST_METRIC = "test_accuracy"
 
@@ -57,7 +58,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
             "overrides that name the study, as given to `python -m tuner`."
         ),
         epilog=(
-            "Default rule: the fastest point within 1 accuracy point of the most accurate. "
+            "Default rule: the fastest point within 1 accuracy point of the study's baseline, "
+            "the best eager fp32 validation accuracy of its trained models. "
             "--max-latency-ms alone: the most accurate point within the budget. Both: the "
             "fastest point within the drop that fits the budget."
         ),
@@ -68,7 +70,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         type=float,
         default=None,
         metavar="D",
-        help=f"accuracy units below the most accurate point (default {DEFAULT_MAX_ACCURACY_DROP}"
+        help="accuracy units below the study's baseline (the best eager fp32 validation "
+        f"accuracy; default {DEFAULT_MAX_ACCURACY_DROP}"
         ", or none when only --max-latency-ms is given)",
     )
     parser.add_argument("--max-latency-ms", type=float, default=None, metavar="MS")
@@ -136,9 +139,7 @@ def study_settings(
     if problem:
         raise problem
     settings = {**stored, **{k: v for k, v in given.items() if covered(k, allowed)}}
-    constraints = Constraints(
-        settings.get("study.max_accuracy_drop"), settings.get("study.latency_budget_ms")
-    )
+    constraints = Constraints.of_settings(settings)
     # Where a dataset is cached is this machine's business; what it holds is the study's.
     cache = {"cache_dir": cfg.data.cache_dir} if "cache_dir" in cfg.data else {}
     data_cfg = OmegaConf.create({**subtree(settings, "data"), **cache})
@@ -264,7 +265,7 @@ def report(args: argparse.Namespace) -> int:
     trials = study.get_trials(deepcopy=False)
     table = LatencyTable.of_attrs(study.user_attrs)
     points, baseline = points_of(trials, constraints, table), baseline_of(trials)
-    console.front_summary(study.study_name, points, failures_of(trials), baseline)
+    console.front_summary(study.study_name, points, failures_of(trials), baseline, constraints)
     to_profile = None if args.profile is None else logged_point(points, args.profile)
     running = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
     if running:
@@ -296,9 +297,23 @@ def no_point(points: list[Point], rule: Rule, baseline: Baseline) -> None:
     ):
         console.console.print(
             f"The front's most accurate point is #{best.trial_number} at "
-            f"{best.val_accuracy:.4f}, {100 * (baseline.accuracy - best.val_accuracy):.1f} "
+            f"{best.val_accuracy:.4f}, {100 * (baseline.accuracy - best.val_accuracy):.2f} "
             f"point(s) below {baseline.describe()}: a larger --max-accuracy-drop reaches it."
         )
+
+
+def why_no_model(point: Point, client: mlflow.MlflowClient) -> str:
+    """Why a point has no logged model, as its MLflow run's tags say, and how to get one."""
+    try:
+        tags = client.get_run(point.mlflow_run_id).data.tags if point.mlflow_run_id else {}
+    except mlflow.exceptions.MlflowException:
+        tags = {}
+    if MODEL_ABSENT_TAG in tags:
+        return f"it {tags[MODEL_ABSENT_TAG]}"  # says how to get it
+    retrain = "retrain it with the command in its MLflow run's `tuner.retrain` tag"
+    if MODEL_ERROR_TAG in tags:
+        return f"logging it failed ({tags[MODEL_ERROR_TAG]}); {retrain}"
+    return f"its run records none (an earlier version of tuner made it); {retrain}"
 
 
 def check_and_export(
@@ -312,9 +327,8 @@ def check_and_export(
     """The recommended point's test accuracy, and its export where asked."""
     if point.model_uri is None:
         console.console.print(
-            f"[yellow]Trial #{point.trial_number} has no logged model (its logging failed, or "
-            "it was made by an older version); retrain it with the command in its MLflow run's "
-            "`tuner.retrain` tag.[/]"
+            f"[yellow]Trial #{point.trial_number} has no logged model: "
+            f"{why_no_model(point, client)}.[/]"
         )
         if args.export:
             raise ConfigError(f"Invalid option --export: trial #{point.trial_number} has no model")

@@ -12,6 +12,7 @@ import optuna
 from tuner import console
 from tuner.backends import ExampleInputs
 from tuner.config import compose_config
+from tuner.constraints import Constraints
 from tuner.data import load_splits
 from tuner.front import study_points
 from tuner.latency import LatencyProtocol
@@ -19,6 +20,7 @@ from tuner.latency_table import LatencyTable
 from tuner.model_factory import ModelFactory
 from tuner.retime import Rebuilder, Target, target_of
 from tuner.retrain import override_keys
+from tuner.settings import settings_of, stored_settings
 from tuner.study import calibration_inputs, modality_for, prepare, protocol_record_of
 
 
@@ -56,8 +58,13 @@ def study_front(overrides: Sequence[str]) -> StudyFront:
         protocol_record_of(cfg, protocol, example),
     )
     trials = {t.number: t for t in study.get_trials(deepcopy=False)}
+    # The front under the study's own constraints (those of this command line for a study
+    # made by a version that kept no settings).
+    constraints = Constraints.of_settings(stored_settings(study) or settings_of(cfg))
     targets = [
-        target_of(trials[p.trial_number], p.backend) for p in study_points(study) if p.pareto
+        target_of(trials[p.trial_number], p.backend)
+        for p in study_points(study, constraints)
+        if p.pareto
     ]
     return StudyFront(
         study, LatencyTable.of_attrs(study.user_attrs), protocol, example, rebuilder, targets

@@ -516,7 +516,9 @@ def _summarise(study: optuna.Study, constraints: Constraints) -> list[Point]:
     """Print the study's front, with its failures and baseline; return its points."""
     trials = study.get_trials(deepcopy=False)
     points = points_of(trials, constraints, LatencyTable.of_attrs(study.user_attrs))
-    console.front_summary(study.study_name, points, failures_of(trials), baseline_of(trials))
+    console.front_summary(
+        study.study_name, points, failures_of(trials), baseline_of(trials), constraints
+    )
     return points
 
 

@@ -16,7 +16,8 @@ lets exactly one worker move it to RUNNING; the others wait for it. Workers that
 teacher trial and created one train only one of them (the running one, else the lowest-numbered
 waiting one); the others are claimed and finished as skipped trials, which no sampler, budget
 or front counts. A worker that dies while training it stops beating, and the trial is queued
-again like any other.
+again like any other; a retry that finds the teacher stored (its worker died after storing it)
+loads it rather than train another (`TrainedTeacher`: the record says how it trained).
 """
 
 from __future__ import annotations
@@ -212,6 +213,17 @@ def save_teacher(
     return directory
 
 
+@dataclass(frozen=True)
+class TrainedTeacher:
+    """A teacher the study trained and stored: the trial that trained it, where it is stored,
+    and how it trained (its epochs, time and device, without validation logits; None in a
+    record written before tuner kept them)."""
+
+    trial: int
+    location: str
+    training: TrainResult | None
+
+
 @dataclass
 class Teachers:
     """The study's teacher for one invocation: where it is, and, once loaded, the model and its
@@ -235,21 +247,25 @@ class Teachers:
         record = (stored.get(STORED_ATTR) or {}).get(str(self.reference))
         return None if record is None else str(record["uri"])
 
-    def stored_training(self, stored: Mapping[str, Any]) -> tuple[int, TrainResult] | None:
-        """For a teacher the study trains, once it is stored: the trial that trained it and how
-        (without validation logits); None before, and for a record written before tuner kept
-        how the teacher trained."""
+    def trained(self, stored: Mapping[str, Any]) -> TrainedTeacher | None:
+        """For a teacher the study trains, once it is stored: which trial trained it, and how."""
         record = None
         if self.params is not None:
             record = (stored.get(STORED_ATTR) or {}).get(str(self.reference))
-        if record is None or "training" not in record:
+        if record is None:
             return None
-        training = record["training"]
-        return int(record["trial"]), TrainResult(
-            epochs=[EpochResult(**epoch) for epoch in training["epochs"]],
-            seconds=float(training["seconds"]),
-            trained_on=str(training["trained_on"]),
-            gpu_peak_mb=training["gpu_peak_mb"],
+        training = record.get("training")
+        return TrainedTeacher(
+            int(record["trial"]),
+            str(record["uri"]),
+            None
+            if training is None
+            else TrainResult(
+                epochs=[EpochResult(**epoch) for epoch in training["epochs"]],
+                seconds=float(training["seconds"]),
+                trained_on=str(training["trained_on"]),
+                gpu_peak_mb=training["gpu_peak_mb"],
+            ),
         )
 
     def files(self, stored: Mapping[str, Any]) -> StoredTeacher:
@@ -479,12 +495,17 @@ def _skip_duplicate(storage: optuna.storages.BaseStorage, trial: FrozenTrial, re
 def _finish_duplicate(
     storage: optuna.storages.BaseStorage, trial: FrozenTrial, reason: str
 ) -> None:
-    """Finish a claimed teacher trial unrun, as skipped (no budget, sampler or front counts it):
-    another worker queued it at the same time as the one that trains."""
+    """Finish a claimed teacher trial unrun, as a skipped duplicate."""
+    mark_duplicate(storage, trial, reason)
+    storage.set_trial_state_values(trial_id_of(trial), TrialState.PRUNED)
+
+
+def mark_duplicate(storage: optuna.storages.BaseStorage, trial: FrozenTrial, reason: str) -> None:
+    """Record a teacher trial that is not to run as skipped (no budget, sampler or front counts
+    it; whoever runs it finishes it PRUNED): another trial trains, or trained, the teacher."""
     trial_id = trial_id_of(trial)
     storage.set_trial_system_attr(trial_id, DUPLICATE_ATTR, True)
     storage.set_trial_user_attr(trial_id, SKIPPED_ATTR, reason)
-    storage.set_trial_state_values(trial_id, TrialState.PRUNED)
     console.teacher_duplicate_skipped(trial.number, reason)
 
 

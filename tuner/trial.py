@@ -54,6 +54,8 @@ from tuner.teacher import KEY as TEACHER_KEY
 from tuner.teacher import (
     START_KEY,
     TEMPERATURE_KEY,
+    TrainedTeacher,
+    mark_duplicate,
     record_stored,
     starts_from_teacher,
     store_after_training,
@@ -127,6 +129,8 @@ class Objective:
                     internal = distribution.to_internal_repr(value)
                     ctx.storage.set_trial_param(trial_id_of(trial), name, internal, distribution)
         cfg = with_params(ctx.cfg, params)
+        # For a teacher trial whose teacher is stored already: its record, to load it by.
+        stored_teacher = None if teacher is None else self._stored_teacher(trial)
         console.trial_header(index, ctx.n_trials, trial.number, params)
         # What relative edits (fractions of the loaded model) stand for, recorded beside them.
         architecture = ctx.factory.architecture(cfg.model, int(cfg.train.seed))
@@ -158,7 +162,8 @@ class Objective:
                 # Interrupts stop training and deploying at once; the points are then written
                 # whole (the caller holds interrupts back meanwhile).
                 with immediate():
-                    model = self._untrained(cfg)
+                    loaded = None if stored_teacher is None else self._loaded(stored_teacher)
+                    model = self._untrained(cfg) if loaded is None else loaded
                     keys = trial_latency.latency_keys(
                         cfg, structure_of(model), backends, ctx.protocol_record
                     )
@@ -191,6 +196,7 @@ class Objective:
                         configuration,
                         keys,
                         teacher_for=None if teacher is None else str(teacher["reference"]),
+                        stored_teacher=None if loaded is None else stored_teacher,
                     )
                     results = self._deploy_everywhere(trained, backends, cfg, Path(workdir), keys)
                 own_backend = (
@@ -271,6 +277,7 @@ class Objective:
         configuration: int,
         keys: LatencyKeys,
         teacher_for: str | None = None,
+        stored_teacher: TrainedTeacher | None = None,
     ) -> Trained:
         ctx = self.context
         curve: list[float] = []
@@ -324,14 +331,8 @@ class Objective:
             raise_if_interrupted()
             progress.update(task, completed=done, total=total, loss=loss)
 
-        stored_teacher = None
-        if teacher_for is not None:
-            assert ctx.teachers is not None
-            stored_teacher = ctx.teachers.stored_training(
-                ctx.storage.get_study_user_attrs(ctx.study_id)
-            )
         if stored_teacher is not None:
-            model, result = self._stored_teacher(trial, run_id, cfg, *stored_teacher)
+            result = self._replay_training(model, stored_teacher, cfg, trial, run_id)
         else:
             with console.training_progress() as progress:
                 task = progress.add_task("training", total=None, loss=math.nan)
@@ -376,34 +377,58 @@ class Objective:
             teacher_pins,
             teacher_for,
             flops,
+            None
+            if stored_teacher is None
+            else f"{stored_teacher.location} (trained in trial #{stored_teacher.trial})",
         )
 
-    def _stored_teacher(
-        self,
-        trial: optuna.Trial,
-        run_id: str,
-        cfg: DictConfig,
-        trained_in: int,
-        training: TrainResult,
-    ) -> tuple[nn.Module, TrainResult]:
-        """A teacher trial whose teacher is stored already (an earlier attempt at it stored it,
-        then died before its points were written) loads it rather than train another, so that
-        every student of the study learns from the same teacher. Its run and curve show the
-        training that made it."""
+    def _stored_teacher(self, trial: optuna.Trial) -> TrainedTeacher | None:
+        """A teacher trial whose teacher is stored already loads it rather than train another,
+        so that every student of the study learns from the same one: a retry of the trial that
+        stored it (which then died before its points were written) gets its record; another
+        teacher trial is a duplicate, finished unrun. None: train it (not stored, or stored by
+        an earlier version of tuner, whose record cannot show how it trained)."""
         ctx = self.context
         assert ctx.teachers is not None
-        attrs = ctx.storage.get_study_user_attrs(ctx.study_id)
-        location = str(ctx.teachers.location(attrs))
-        console.teacher_loaded(trial.number, trained_in, location)
-        # A copy: deployment must not touch the teacher the students learn from.
-        model = copy.deepcopy(ctx.teachers.model(attrs))
-        training.val_logits = validation_logits(model, ctx.val_data, cfg.train)
-        ctx.tracker.replay_epochs(run_id, training.epochs)
-        ctx.tracker.set_tags(
-            run_id, {"tuner.teacher_loaded": f"{location} (trained in trial #{trained_in})"}
-        )
-        trial.set_user_attr(CURVE_ATTR, [epoch.val_accuracy for epoch in training.epochs])
-        return model, training
+        stored = ctx.teachers.trained(ctx.storage.get_study_user_attrs(ctx.study_id))
+        if stored is None:
+            return None
+        frozen = ctx.storage.get_trial(trial_id_of(trial))
+        if stored.trial not in [*frozen.system_attrs.get(budget.RETRY_HISTORY, []), frozen.number]:
+            reason = f"{TEACHER_KEY}={ctx.teachers.reference} is stored already"
+            mark_duplicate(ctx.storage, frozen, reason)
+            raise optuna.TrialPruned(reason)
+        return None if stored.training is None else stored
+
+    def _loaded(self, stored: TrainedTeacher) -> nn.Module | None:
+        """A copy of the stored teacher (deployment must not touch the one students learn
+        from); None when its files are gone: it is trained again."""
+        ctx = self.context
+        assert ctx.teachers is not None
+        try:
+            teacher = ctx.teachers.model(ctx.storage.get_study_user_attrs(ctx.study_id))
+        except OSError as exc:
+            console.teacher_missing(stored.location, str(exc))
+            return None
+        console.teacher_loaded(stored.trial, stored.location)
+        return copy.deepcopy(teacher)
+
+    def _replay_training(
+        self,
+        model: nn.Module,
+        stored: TrainedTeacher,
+        cfg: DictConfig,
+        trial: optuna.Trial,
+        run_id: str,
+    ) -> TrainResult:
+        """A loaded teacher's training as its stored record has it, its validation logits
+        computed again; shown in the trial's run and curve as if it had trained here."""
+        assert stored.training is not None
+        result = copy.copy(stored.training)
+        result.val_logits = validation_logits(model, self.context.val_data, cfg.train)
+        self.context.tracker.replay_epochs(run_id, result.epochs)
+        trial.set_user_attr(CURVE_ATTR, [epoch.val_accuracy for epoch in result.epochs])
+        return result
 
     def _deploy_everywhere(
         self,

@@ -71,6 +71,9 @@ class Trained:
     # Floating-point operations of one call at the deployment's input shape (None: the
     # counter failed on this model).
     flops: float | None = None
+    # For the study's teacher loaded rather than trained (a retry of the trial that stored
+    # it): where it is stored and which trial trained it.
+    loaded_from: str | None = None
 
 
 def representative(
@@ -154,6 +157,8 @@ def record(
         ctx.serving.profile_keys,
     )
     ctx.tracker.set_tags(run_id, {"tuner.retrain": retrain_command(overrides)})
+    if trained.loaded_from is not None:
+        ctx.tracker.set_tags(run_id, {"tuner.teacher_loaded": trained.loaded_from})
     set_attr(CONFIGURATION_ATTR, trained.configuration)
     set_attr(LATENCY_KEY_ATTR, trained.latency_keys.get(result.backend))
     if result.error:

@@ -95,12 +95,14 @@ def roofline(
 
 
 def peak_key(protocol_record: Mapping[str, Any]) -> str:
-    """The digest of the machine a peak belongs to: CPU model and instruction sets, threads
-    and torch version, out of a latency protocol's record (`LatencyProtocol.record`)."""
+    """The digest of the machine a peak belongs to: CPU model and instruction sets, threads,
+    torch version and any caps on its kernels, out of a latency protocol's record
+    (`LatencyProtocol.record`)."""
     machine = {
         name: value
         for name, value in protocol_record.items()
-        if name.removeprefix("latency.") in ("cpu", "cpu_flags", "num_threads", "torch_version")
+        if name.removeprefix("latency.")
+        in ("cpu", "cpu_flags", "num_threads", "torch_version", "kernel_caps")
     }
     return hashlib.sha256(json.dumps(machine, sort_keys=True).encode()).hexdigest()[:20]
 
