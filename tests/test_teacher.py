@@ -14,7 +14,7 @@ from pathlib import Path
 import optuna
 import pytest
 import torch
-from conftest import REPO, TINY_BERT
+from conftest import REPO, TINY_BERT, runnable_backends
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
@@ -198,7 +198,9 @@ def test_a_teacher_trial_interrupted_after_storing_its_teacher_loads_it_when_ret
     assert retry.user_attrs["val_accuracy_curve"] == curve
     client = MlflowClient(f"sqlite:///{study_dir}/mlflow.db")
     points = [t for t in study.trials if t.user_attrs.get("trained_in_trial") == retry.number]
-    assert sorted(t.user_attrs["deploy.backend"] for t in points) == ["eager", "int8_dynamic"]
+    # Every backend of the two this machine runs (by their availability checks), once.
+    runnable = runnable_backends(*(a for a in args if not a.startswith(("study.", "tracking."))))
+    assert sorted(t.user_attrs["deploy.backend"] for t in points) == sorted(runnable)
     for point in points:
         run = client.get_run(point.user_attrs["mlflow_run_id"])
         assert run.data.tags["tuner.teacher_loaded"] == f"{record['uri']} (trained in trial #0)"

@@ -29,7 +29,7 @@ import re
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +52,7 @@ from tuner.recipe import ModelRecipe
 from tuner.recovery import deferred, raise_if_interrupted
 from tuner.space import SearchSpace
 from tuner.training.distill import Distillation
-from tuner.training.loop import EpochResult, TrainResult
+from tuner.training.loop import TrainResult
 
 KEY = "train.distill.teacher"
 ALPHA_KEY = "train.distill.alpha"
@@ -240,48 +240,53 @@ class Teachers:
     _model: tuple[str, nn.Module] | None = field(default=None, repr=False)
     _logits: tuple[str, torch.Tensor] | None = field(default=None, repr=False)
 
+    def _record(self, stored: Mapping[str, Any]) -> Mapping[str, Any] | None:
+        """The study attribute's record of a teacher the study trains, once it is stored."""
+        if self.params is None:
+            return None
+        return (stored.get(STORED_ATTR) or {}).get(str(self.reference))
+
     def location(self, stored: Mapping[str, Any]) -> str | None:
         """Where the teacher is: the study attribute's record for a trained one."""
         if self.params is None:
             return str(self.reference)
-        record = (stored.get(STORED_ATTR) or {}).get(str(self.reference))
+        record = self._record(stored)
         return None if record is None else str(record["uri"])
 
     def trained(self, stored: Mapping[str, Any]) -> TrainedTeacher | None:
         """For a teacher the study trains, once it is stored: which trial trained it, and how."""
-        record = None
-        if self.params is not None:
-            record = (stored.get(STORED_ATTR) or {}).get(str(self.reference))
+        record = self._record(stored)
         if record is None:
             return None
         training = record.get("training")
         return TrainedTeacher(
             int(record["trial"]),
             str(record["uri"]),
-            None
-            if training is None
-            else TrainResult(
-                epochs=[EpochResult(**epoch) for epoch in training["epochs"]],
-                seconds=float(training["seconds"]),
-                trained_on=str(training["trained_on"]),
-                gpu_peak_mb=training["gpu_peak_mb"],
-            ),
+            None if training is None else TrainResult.of_summary(training),
         )
 
-    def files(self, stored: Mapping[str, Any]) -> StoredTeacher:
-        """The teacher's files, fetched once; OSError when they are gone."""
+    def _stored_at(self, stored: Mapping[str, Any]) -> str:
         location = self.location(stored)
         if location is None:
             raise StudyStopped(f"no teacher is stored for {KEY}={self.reference}")
+        return location
+
+    def files(self, stored: Mapping[str, Any]) -> StoredTeacher:
+        """The teacher's files, fetched once; OSError when they are gone."""
+        return self.files_at(self._stored_at(stored))
+
+    def files_at(self, location: str) -> StoredTeacher:
         if self._files is None or self._files[0] != location:
             self._files = (location, StoredTeacher.load(location, self.tracking_uri))
         return self._files[1]
 
     def model(self, stored: Mapping[str, Any]) -> nn.Module:
         """The teacher, loaded once (students must not change it: copy it to start from)."""
-        location = str(self.location(stored))
+        return self.model_at(self._stored_at(stored))
+
+    def model_at(self, location: str) -> nn.Module:
         if self._model is None or self._model[0] != location:
-            files = self.files(stored)
+            files = self.files_at(location)
             # Building the architecture before its weights are read draws from the global
             # generator; a trial's training, seeded before, must not depend on whether the
             # teacher was loaded already in this process.
@@ -326,12 +331,7 @@ def record_stored(
     stored[str(reference)] = {
         "trial": trial,
         "uri": uri,
-        "training": {
-            "epochs": [asdict(epoch) for epoch in training.epochs],
-            "seconds": training.seconds,
-            "trained_on": training.trained_on,
-            "gpu_peak_mb": training.gpu_peak_mb,
-        },
+        "training": training.summary(),
     }
     storage.set_study_user_attr(study_id, STORED_ATTR, stored)
 

@@ -403,10 +403,9 @@ class Objective:
     def _loaded(self, stored: TrainedTeacher) -> nn.Module | None:
         """A copy of the stored teacher (deployment must not touch the one students learn
         from); None when its files are gone: it is trained again."""
-        ctx = self.context
-        assert ctx.teachers is not None
+        assert self.context.teachers is not None
         try:
-            teacher = ctx.teachers.model(ctx.storage.get_study_user_attrs(ctx.study_id))
+            teacher = self.context.teachers.model_at(stored.location)
         except OSError as exc:
             console.teacher_missing(stored.location, str(exc))
             return None

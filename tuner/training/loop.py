@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import nullcontext
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import torch
 from omegaconf import DictConfig
@@ -47,6 +47,24 @@ class TrainResult:
     @property
     def val_accuracy(self) -> float:
         return self.epochs[-1].val_accuracy
+
+    def summary(self) -> dict[str, Any]:
+        """How the model trained, as JSON can hold it (the validation logits left out)."""
+        return {
+            "epochs": [asdict(epoch) for epoch in self.epochs],
+            "seconds": self.seconds,
+            "trained_on": self.trained_on,
+            "gpu_peak_mb": self.gpu_peak_mb,
+        }
+
+    @classmethod
+    def of_summary(cls, summary: Mapping[str, Any]) -> TrainResult:
+        return cls(
+            epochs=[EpochResult(**epoch) for epoch in summary["epochs"]],
+            seconds=float(summary["seconds"]),
+            trained_on=str(summary["trained_on"]),
+            gpu_peak_mb=summary["gpu_peak_mb"],
+        )
 
 
 # Validation, deployment checks and serving all batch examples alike: int8 backends quantise
