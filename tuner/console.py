@@ -248,13 +248,6 @@ def waiting_for_teacher(trial_number: int) -> None:
     )
 
 
-def teacher_duplicate_skipped(trial_number: int, reason: str) -> None:
-    console.print(
-        f"Trial #{trial_number}, another teacher trial (queued by a worker that found none), is "
-        f"recorded as skipped: {reason}."
-    )
-
-
 def teacher_missing(location: str, reason: str) -> None:
     console.print(
         f"[yellow]Notice:[/] the study's stored teacher at {location} cannot be loaded "
@@ -266,6 +259,20 @@ def database_retry(operation: str, error: str, seconds: float) -> None:
     console.print(
         f"  [yellow]database unavailable during {operation} ({error}); retrying for up to "
         f"{seconds:.0f} s[/]"
+    )
+
+
+def database_lost(error: str) -> None:
+    console.print(
+        f"  [yellow]the database was lost mid-call ({error}); waiting for it to answer, then "
+        "going on (a trial the call left half-made is found stale and queued again)[/]"
+    )
+
+
+def trial_taken(error: str) -> None:
+    console.print(
+        f"  [yellow]this worker's trial was failed by another worker that found it silent "
+        f"({error}); it is queued again with the same params[/]"
     )
 
 

@@ -50,6 +50,25 @@ def stale_trial_ids(storage: optuna.storages.RDBStorage, study_id: int) -> list[
     return list(storage._get_stale_trial_ids(study_id))
 
 
+def unbeaten_trial_ids(storage: optuna.storages.RDBStorage, study_id: int) -> list[int]:
+    """Running trials without a heartbeat row: their worker died (or lost its connection)
+    between creating the trial and its first heartbeat. Optuna's stale check skips them."""
+    from optuna.storages._rdb import models
+
+    with storage.scoped_session() as session:
+        query = (
+            session.query(models.TrialModel.trial_id)
+            .outerjoin(
+                models.TrialHeartbeatModel,
+                models.TrialHeartbeatModel.trial_id == models.TrialModel.trial_id,
+            )
+            .filter(models.TrialModel.study_id == study_id)
+            .filter(models.TrialModel.state == TrialState.RUNNING)
+            .filter(models.TrialHeartbeatModel.trial_heartbeat_id.is_(None))
+        )
+        return [trial_id for (trial_id,) in query.all()]
+
+
 def completed_copy(
     trial: FrozenTrial, values: Sequence[float], constraints: dict[str, float]
 ) -> FrozenTrial:

@@ -18,7 +18,8 @@ import optuna
 from optuna.trial import FrozenTrial
 
 from tuner import console
-from tuner.budget import DUPLICATE_ATTR, RETRY_HISTORY, retry_template
+from tuner.budget import DUPLICATE_ATTR, RETRY_HISTORY, retried_numbers, retry_template
+from tuner.lease import Leases
 from tuner.optuna_compat import storage_of, study_id_of
 from tuner.tracking import Tracker
 
@@ -105,35 +106,37 @@ def raise_if_interrupted() -> None:
 
 
 def requeue(
-    storage: optuna.storages.BaseStorage, study_id: int, trial: FrozenTrial, max_retry: int
+    leases: Leases,
+    storage: optuna.storages.BaseStorage,
+    study_id: int,
+    trial: FrozenTrial,
+    max_retry: int,
 ) -> bool:
-    """Queue a copy of `trial` with its params; False once it has been retried `max_retry`
-    times (it then stays failed, and counts), and for a teacher trial that was being finished
-    unrun as a duplicate."""
+    """Queue a copy of `trial` with its params, once however many workers ask; False once it
+    has been retried `max_retry` times (it then stays failed, and counts)."""
     if len(trial.system_attrs.get(RETRY_HISTORY, [])) >= max_retry:
         return False
+    # A teacher trial finished unrun by an earlier version of tuner is never run again.
     if DUPLICATE_ATTR in trial.system_attrs:
         return False
-    storage.create_new_trial(study_id, template_trial=retry_template(trial))
+    with leases.hold("requeue"):
+        if trial.number not in retried_numbers(storage.get_all_trials(study_id, deepcopy=False)):
+            storage.create_new_trial(study_id, template_trial=retry_template(trial))
     return True
 
 
 class StaleTrials:
     """Optuna's heartbeat-stale callback: runs in a live worker when another one went silent."""
 
-    def __init__(self, tracker: Tracker, max_retry: int, grace_period: int) -> None:
+    def __init__(self, leases: Leases, tracker: Tracker, max_retry: int, grace_period: int) -> None:
+        self.leases = leases
         self.tracker = tracker
         self.max_retry = max_retry
         self.grace_period = grace_period
 
     def __call__(self, study: optuna.Study, trial: FrozenTrial) -> None:
-        queued = requeue(storage_of(study), study_id_of(study), trial, self.max_retry)
-        if queued:
-            outcome = "queued again with the same params"
-        elif DUPLICATE_ATTR in trial.system_attrs:
-            outcome = "a duplicate of the study's teacher trial, not queued again"
-        else:
-            outcome = "retries exhausted"
+        queued = requeue(self.leases, storage_of(study), study_id_of(study), trial, self.max_retry)
+        outcome = "queued again with the same params" if queued else "retries exhausted"
         reason = f"its worker sent no heartbeat for {self.grace_period} s (killed or lost); "
         reason += outcome
         self.tracker.close_abandoned(study.study_name, trial.number, reason)

@@ -11,14 +11,9 @@ serves `scripts/retime_front.py`.
 
 from __future__ import annotations
 
-import datetime
 import tempfile
-import threading
-import time
-import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,13 +41,6 @@ from tuner.latency_table import (
 from tuner.model_factory import ModelFactory, untrained_model
 from tuner.optuna_compat import storage_of, study_id_of
 from tuner.recipe import ModelRecipe
-
-# Study user attributes: one per worker confirming the front (`front_lock`).
-_CLAIM_PREFIX = "front-confirmation:"
-# A worker refreshes its claim this often while it waits or holds the lock; a claim not
-# refreshed for `_CLAIM_EXPIRES` was left by a worker that died.
-_CLAIM_REFRESH = datetime.timedelta(minutes=1)
-_CLAIM_EXPIRES = datetime.timedelta(minutes=10)
 
 
 @dataclass(frozen=True)
@@ -283,69 +271,6 @@ class _FrontConfirmation:
         except Exception as exc:  # the front keeps the latencies it has
             skipped.update(dict.fromkeys(loaded, f"timing failed: {type(exc).__name__}: {exc}"))
             return Timed({})
-
-
-@contextmanager
-def front_lock(study: optuna.Study, poll_seconds: float = 5.0) -> Iterator[None]:
-    """Held by one worker of the study at a time, so that workers ending together do not time
-    the front under each other's load and each add a session: each writes a claim of its own
-    (`front-confirmation:<id>`: when it was made, and when it was last refreshed), and the
-    earliest claim not yet released goes first; the others wait, then find what it confirmed.
-    A thread refreshes the claim however long the confirmation takes (one write a minute,
-    which a steadiness check sets aside like any slow round it lands in); one not refreshed for
-    `_CLAIM_EXPIRES` was left by a worker that died, and no longer counts."""
-    storage, study_id = storage_of(study), study_id_of(study)
-    mine = f"{_CLAIM_PREFIX}{uuid.uuid4().hex[:12]}"
-    since = _now().isoformat()
-
-    def claim() -> None:
-        storage.set_study_user_attr(study_id, mine, {"since": since, "alive": _now().isoformat()})
-
-    claim()
-    released = threading.Event()
-
-    def keep_alive() -> None:
-        while not released.wait(_CLAIM_REFRESH.total_seconds()):
-            try:
-                claim()
-            except Exception:  # the next refresh tries again; the claim expires only after many
-                continue
-
-    refresher = threading.Thread(target=keep_alive, daemon=True, name="tuner-front-claim")
-    refresher.start()
-    try:
-        told = False
-        while True:
-            if _first_claim(storage.get_study_user_attrs(study_id), _now()) in (mine, None):
-                break
-            if not told:
-                console.waiting_for_front_confirmation()
-                told = True
-            time.sleep(poll_seconds)
-        yield
-    finally:
-        released.set()
-        # Waited for, however long a refresh under way takes (a database retrying): one
-        # finishing after the release below would bring the claim back for `_CLAIM_EXPIRES`.
-        refresher.join()
-        storage.set_study_user_attr(study_id, mine, None)
-
-
-def _now() -> datetime.datetime:
-    return datetime.datetime.now(datetime.UTC)
-
-
-def _first_claim(attrs: Mapping[str, Any], now: datetime.datetime) -> str | None:
-    """The earliest claim on the front's confirmation that is live: not released, and refreshed
-    within `_CLAIM_EXPIRES` (claims of earlier versions, a bare time, count no more)."""
-    live = [
-        (claim["since"], name)
-        for name, claim in attrs.items()
-        if name.startswith(_CLAIM_PREFIX)
-        and isinstance(claim, dict)
-        and now - datetime.datetime.fromisoformat(claim["alive"]) < _CLAIM_EXPIRES
-    ]
-    return min(live, default=(None, None))[1]
 
 
 def front_unconfirmed(

@@ -1,10 +1,11 @@
 """Riding out transient database errors: a dropped connection or a restarting server.
 
 Both stores sit on SQLAlchemy (Optuna's RDB storage, MLflow's tracking store). Connections are
-pre-pinged when taken from the pool, and a call that still fails with a connection-level error
-is repeated with backoff until a deadline, so a worker survives a database restart instead of
-losing its trial. A call cut off mid-commit may, rarely, be applied twice; every write tuner
-retries is either idempotent or creates a record that is harmless twice.
+pre-pinged when taken from the pool, and a call that is safe to repeat (a read, a heartbeat, an
+attribute, a tag or metric, finishing a trial) and still fails with a connection-level error is
+repeated with backoff until a deadline, so a worker survives a database restart instead of
+losing its trial. A call that is not safe to repeat (creating a trial, a run) is never retried:
+cut off after its commit, a repeat would make a second one.
 """
 
 from __future__ import annotations
@@ -73,11 +74,16 @@ def retrying(function: Callable[..., T]) -> Callable[..., T]:
 
 
 class RetryingProxy:
-    """Every method of the wrapped object, retried on transient database errors."""
+    """Every method of the wrapped MLflow client that is safe to repeat, retried on transient
+    database errors. Creating a run is not: one cut off after its commit and repeated would
+    leave a second run; it fails its caller instead. (An experiment made twice is refused by
+    name, which `Tracker` takes as made.)"""
+
+    _ONCE = frozenset({"create_run"})
 
     def __init__(self, wrapped: Any) -> None:
         self._wrapped = wrapped
 
     def __getattr__(self, name: str) -> Any:
         value = getattr(self._wrapped, name)
-        return retrying(value) if callable(value) else value
+        return retrying(value) if callable(value) and name not in self._ONCE else value

@@ -3,13 +3,21 @@
 RDB storages (SQLite, PostgreSQL, MySQL) are opened with heartbeats, so the trial of a worker
 that died (SIGKILL, a lost machine) is failed `study.heartbeat.grace_period` seconds after its
 last heartbeat, by the next worker that starts a trial, and handed to `on_stale` (which queues it
-again). Their connections are pre-pinged and every call is retried on transient errors
-(`tuner.retries`), so a database restart does not kill a worker.
+again). A running trial that never beat is stale once it started longer ago than the grace
+period: its worker died between creating it and its first heartbeat.
+
+Only calls that are safe to repeat are retried on transient errors (`tuner.retries`): reads,
+heartbeats, attributes (the same value written twice is one write) and finishing a trial (a
+repeat that finds it finished in that state is done). Creating a trial or claiming one is not
+retried: done twice it would leave a trial no worker runs. Such a write fails its caller, and
+what it may have left is found stale like any dead worker's trial. Heartbeats are retried for
+`grace_period - interval` seconds, so an outage shorter than that fails no live trial.
 """
 
 from __future__ import annotations
 
 import abc
+import datetime
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,8 +28,8 @@ from omegaconf import DictConfig
 from optuna.storages import BaseStorage, RDBStorage
 
 from tuner.errors import ConfigError
-from tuner.optuna_compat import BaseHeartbeat, stale_trial_ids, trial_id_of
-from tuner.retries import call_with_retries
+from tuner.optuna_compat import BaseHeartbeat, trial_id_of, unbeaten_trial_ids
+from tuner.retries import RETRY_SECONDS, call_with_retries
 
 StaleCallback = Callable[[optuna.Study, optuna.trial.FrozenTrial], None]
 _RDB_SCHEMES = ("sqlite", "postgresql", "mysql", "oracle", "mssql")
@@ -50,22 +58,83 @@ def is_sqlite(url: str) -> bool:
 
 
 class RetryingStorage(BaseStorage, BaseHeartbeat):
-    """An RDB storage whose every call is retried on transient database errors."""
+    """An RDB storage whose calls that are safe to repeat are retried on transient errors."""
 
-    def __init__(self, inner: RDBStorage) -> None:
+    def __init__(self, inner: RDBStorage, grace_period: int | None = None) -> None:
         self.inner = inner
+        self.grace_period = grace_period
+        interval = inner.get_heartbeat_interval() or 0
+        # Past this a live trial may already be failed as stale by another worker.
+        self.retry_seconds = (
+            RETRY_SECONDS if grace_period is None else max(grace_period - interval, 1)
+        )
 
     def __getattr__(self, name: str):
         # Anything not forwarded below (private helpers Optuna may use) goes to the storage.
         return getattr(self.inner, name)
 
+    def set_trial_state_values(self, trial_id, state, values=None) -> bool:
+        if not state.is_finished():
+            # A claim (WAITING to RUNNING) repeated after its first attempt was committed would
+            # find the trial running and report the claim lost: nobody would run it.
+            return self.inner.set_trial_state_values(trial_id, state, values)
+        tried = False
 
-def _forward(name: str):
+        def finish() -> bool:
+            nonlocal tried
+            repeat, tried = tried, True
+            try:
+                return self.inner.set_trial_state_values(trial_id, state, values)
+            except optuna.exceptions.UpdateFinishedTrialError:
+                # The first attempt was committed before its connection dropped.
+                if repeat and self.inner.get_trial(trial_id).state == state:
+                    return True
+                raise
+
+        return call_with_retries(finish, seconds=self.retry_seconds)
+
+    def _get_stale_trial_ids(self, study_id: int) -> list[int]:
+        stale = call_with_retries(
+            self.inner._get_stale_trial_ids, study_id, seconds=self.retry_seconds
+        )
+        if self.grace_period is None:
+            return stale
+        # datetime_start is the creating worker's clock, as `datetime.now()` is here.
+        oldest = datetime.datetime.now() - datetime.timedelta(seconds=self.grace_period)
+        for trial_id in call_with_retries(unbeaten_trial_ids, self.inner, study_id):
+            started = self.inner.get_trial(trial_id).datetime_start
+            if started is not None and started < oldest:
+                stale.append(trial_id)
+        return stale
+
+
+def _retried(name: str):
     def method(self: RetryingStorage, *args, **kwargs):
-        return call_with_retries(getattr(self.inner, name), *args, **kwargs)
+        return call_with_retries(
+            getattr(self.inner, name), *args, seconds=self.retry_seconds, **kwargs
+        )
 
     method.__name__ = name
     return method
+
+
+def _once(name: str):
+    def method(self: RetryingStorage, *args, **kwargs):
+        return getattr(self.inner, name)(*args, **kwargs)
+
+    method.__name__ = name
+    return method
+
+
+def _safe_to_repeat(name: str) -> bool:
+    return name.startswith(("get_", "check_")) or name in (
+        "record_heartbeat",
+        "set_study_user_attr",
+        "set_study_system_attr",
+        "set_trial_user_attr",
+        "set_trial_system_attr",
+        "remove_session",
+    )
 
 
 for _name in sorted(
@@ -73,7 +142,8 @@ for _name in sorted(
     | set(BaseHeartbeat.__abstractmethods__)
     | {n for n in vars(BaseStorage) if not n.startswith("_") and callable(vars(BaseStorage)[n])}
 ):
-    setattr(RetryingStorage, _name, _forward(_name))
+    if _name not in vars(RetryingStorage):
+        setattr(RetryingStorage, _name, (_retried if _safe_to_repeat(_name) else _once)(_name))
 abc.update_abstractmethods(RetryingStorage)
 
 
@@ -91,7 +161,7 @@ def _rdb_storage(
                 grace_period=heartbeat.grace_period if heartbeat else None,
                 heartbeat_stale_trial_callback=on_stale,
             )
-            return RetryingStorage(inner)
+            return RetryingStorage(inner, heartbeat.grace_period if heartbeat else None)
         except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.ProgrammingError):
             if attempt == 2:
                 raise
@@ -133,5 +203,5 @@ def live_trial_numbers(storage: BaseStorage, study_id: int) -> list[int]:
     )
     stale: set[int] = set()
     if isinstance(storage, RetryingStorage) and storage.inner.get_heartbeat_interval():
-        stale = set(stale_trial_ids(storage.inner, study_id))
+        stale = set(storage._get_stale_trial_ids(study_id))
     return [t.number for t in running if trial_id_of(t) not in stale]

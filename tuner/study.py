@@ -7,7 +7,6 @@ import itertools
 import os
 import socket
 import tempfile
-import time
 import zlib
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -51,34 +50,32 @@ from tuner.insight.measure import study_peak
 from tuner.insight.roofline import MachinePeak
 from tuner.latency import LatencyProtocol, gpu_record, objective_name
 from tuner.latency_table import LatencyTable
+from tuner.lease import Leases
 from tuner.modalities import MODALITIES, Modality
 from tuner.model_factory import ModelFactory
 from tuner.models import MODEL_FAMILIES
 from tuner.optuna_compat import (
     FilteredSampler,
-    heartbeat_of,
-    is_heartbeat_enabled,
-    storage_of,
-    trial_id_of,
 )
 from tuner.recovery import (
     StaleTrials,
-    deferred,
     immediate,
     interruptible,
     raise_if_interrupted,
 )
-from tuner.retime import Rebuilder, confirm_front, front_lock, front_unconfirmed
+from tuner.retime import Rebuilder, confirm_front, front_unconfirmed
 from tuner.retrain import override_keys
 from tuner.samplers import SAMPLERS
 from tuner.settings import DIRECTIONS, check_change_keys, settings_of, settle
 from tuner.space import SearchSpace
 from tuner.steadiness import forget_readings
 from tuner.storage import Heartbeat, is_sqlite, live_trial_numbers, open_storage
-from tuner.teacher import ensure_trained, teachers_for
+from tuner.teacher import teachers_for
+from tuner.teacher_trial import ensure_trained
 from tuner.tracking import Tracker
 from tuner.trial import Objective
 from tuner.trial_context import ServingContext, TrialContext
+from tuner.worker_loop import claimed_trial_runner, nothing_left, run_to_budget
 
 DEPLOY_DEVICE_KEY = "deploy.device"
 
@@ -187,7 +184,10 @@ def _create_study(
     check_change_keys([str(key) for key in cfg.study.change_settings])
     url = str(cfg.study.storage)
     heartbeat = Heartbeat.from_config(cfg.study.heartbeat)
-    on_stale = StaleTrials(tracker, int(cfg.study.heartbeat.max_retry), heartbeat.grace_period)
+    leases = Leases(url, str(cfg.study.name))
+    on_stale = StaleTrials(
+        leases, tracker, int(cfg.study.heartbeat.max_retry), heartbeat.grace_period
+    )
     storage, existing = open_storage(url, heartbeat, on_stale)
     resumed = str(cfg.study.name) in existing
     previous = 0
@@ -263,6 +263,7 @@ def run_study(
     space = _deploy_only_on(space, backends)
     tracker = Tracker(str(cfg.tracking.uri), str(cfg.tracking.experiment))
     study, storage = _create_study(cfg, tracker)
+    leases = Leases(str(cfg.study.storage), study.study_name)
     check_same_space(study, space, sources or {}, left_out)
     teachers = teachers_for(
         cfg, space, splits.label_names, study.get_trials(deepcopy=False), study.user_attrs
@@ -270,7 +271,7 @@ def run_study(
     # Last of the checks, so that a change it records is one this run goes on with.
     _settle_settings(study, cfg)
     n_trials = int(cfg.study.n_trials)
-    finished = _nothing_left(study, n_trials)
+    finished = nothing_left(study, n_trials)
     protocol_record = protocol_record_of(cfg, protocol, example)
     # A finished study's run goes on only to confirm a front still short of sessions that it
     # can time here (one that met a long slow spell, or that a higher front_sessions asks
@@ -354,6 +355,7 @@ def run_study(
             n_trials=n_trials,
             storage=storage,
             study_id=study_id,
+            leases=leases,
             max_retry=int(cfg.study.heartbeat.max_retry),
             pruning=PruningSettings.from_config(cfg.study.pruning),
             serving=ServingContext(
@@ -374,19 +376,18 @@ def run_study(
                 if not finished:
                     ensure_trained(
                         study,
-                        storage,
-                        study_id,
+                        leases,
                         teachers,
-                        _claimed_trial_runner(study, objective, record_front),
+                        claimed_trial_runner(study, objective, record_front),
                         poll_seconds=int(cfg.study.heartbeat.interval),
-                        fail_stale=lambda: optuna.storages.fail_stale_trials(study),
+                        max_retry=int(cfg.study.heartbeat.max_retry),
                     )
-                    _run_to_budget(
+                    run_to_budget(
                         study, objective, publish, n_trials, int(cfg.study.heartbeat.interval)
                     )
                 rebuilder = Rebuilder(cfg, factory, example, context.calibration, protocol_record)
                 moved = _confirm_front(
-                    study, rebuilder, protocol, constraints, record_front, tracker
+                    study, leases, rebuilder, protocol, constraints, record_front, tracker
                 )
                 # A run that trained nothing has published no front yet.
                 if finished and not moved:
@@ -417,41 +418,9 @@ def protocol_record_of(
     }
 
 
-def _claimed_trial_runner(
-    study: optuna.Study,
-    objective: Objective,
-    record_front: Callable[[optuna.Study], None],
-) -> Callable[[optuna.trial.FrozenTrial], None]:
-    """Runs the objective on a trial this worker claimed outside `study.optimize` (the
-    teacher's), as `study.optimize` runs its own: beating while it runs, told its outcome, the
-    front published after it."""
-    storage = storage_of(study)
-
-    def run(claimed: optuna.trial.FrozenTrial) -> None:
-        trial_id = trial_id_of(claimed)
-        trial = optuna.Trial(study, trial_id)
-        values, state = None, TrialState.COMPLETE
-        with heartbeat_of(trial_id, storage):
-            try:
-                values = objective(trial)
-            except optuna.TrialPruned:
-                state = TrialState.PRUNED
-            except Exception:  # recorded with its reason by the objective
-                state = TrialState.FAIL
-            except BaseException:
-                with deferred():
-                    study.tell(trial, state=TrialState.FAIL)
-                raise
-        with deferred():
-            study.tell(trial, values, state=state)
-        record_front(study)
-        raise_if_interrupted()
-
-    return run
-
-
 def _confirm_front(
     study: optuna.Study,
+    leases: Leases,
     rebuilder: Rebuilder,
     protocol: LatencyProtocol,
     constraints: Constraints,
@@ -464,7 +433,9 @@ def _confirm_front(
     latencies as they were."""
     confirmations = []
     try:
-        with immediate(), front_lock(study):
+        # One worker at a time: workers ending together would time the front under each
+        # other's load, and each add a session.
+        with immediate(), leases.hold("front"):
             confirmations = confirm_front(study, rebuilder, protocol, constraints)
         if confirmations:
             record_front(study)
@@ -649,45 +620,3 @@ def calibration_inputs(train_data: Encoded, samples: int) -> list[tuple[torch.Te
     backends that calibrate activation ranges."""
     batches = train_data.batches(_CALIBRATION_BATCH)
     return [batch.inputs for batch in itertools.islice(batches, -(-samples // _CALIBRATION_BATCH))]
-
-
-def _nothing_left(study: optuna.Study, n_trials: int) -> bool:
-    trials = study.get_trials(deepcopy=False)
-    unfinished = (TrialState.RUNNING, TrialState.WAITING)
-    return budget.trained(trials) >= n_trials and not any(t.state in unfinished for t in trials)
-
-
-def _run_to_budget(
-    study: optuna.Study,
-    objective: Objective,
-    publish: Callable[[optuna.Study, optuna.trial.FrozenTrial], None],
-    n_trials: int,
-    poll_seconds: int,
-) -> None:
-    """Run trials until the study holds `n_trials` trained configurations (see
-    `tuner.budget`), then stay while other workers' trials run: if one of them dies, its
-    heartbeat lapses, it is queued again, and this worker takes it."""
-    told = False
-    while True:
-        trials = study.get_trials(deepcopy=False)
-        waiting = any(t.state == TrialState.WAITING for t in trials)
-        if waiting or budget.trained(trials) < n_trials:
-            # A failing trial is recorded with its reason; the study goes on. Interrupts wait
-            # while Optuna creates or closes a trial (a trial created but never started would
-            # stay RUNNING with no heartbeat); the objective takes them at once while it trains.
-            with deferred():
-                study.optimize(objective, catch=(Exception,), callbacks=[publish])
-            # One that waited while the last trial was closed.
-            raise_if_interrupted()
-            continue
-        optuna.storages.fail_stale_trials(study)
-        running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-        if study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
-            continue
-        # Without heartbeats a dead worker's trial would be waited for forever.
-        if not running or not is_heartbeat_enabled(storage_of(study)):
-            return
-        if not told:
-            console.waiting_for_workers(len(running))
-            told = True
-        time.sleep(poll_seconds)

@@ -11,13 +11,8 @@ and the label names) named by a study attribute; every worker and every resume l
 there. A stored teacher (`runs:/<run id>/teacher`, or a directory holding those files) is used
 as it is.
 
-Workers starting together agree on one teacher trial: it is created WAITING and the storage
-lets exactly one worker move it to RUNNING; the others wait for it. Workers that each found no
-teacher trial and created one train only one of them (the running one, else the lowest-numbered
-waiting one); the others are claimed and finished as skipped trials, which no sampler, budget
-or front counts. A worker that dies while training it stops beating, and the trial is queued
-again like any other; a retry that finds the teacher stored (its worker died after storing it)
-loads it rather than train another (`TrainedTeacher`: the record says how it trained).
+Workers agree on the trial that trains it through the study's `teacher` lease
+(`tuner.teacher_trial`).
 """
 
 from __future__ import annotations
@@ -39,17 +34,13 @@ from omegaconf import DictConfig, OmegaConf
 from optuna.trial import FrozenTrial, TrialState
 from torch import nn
 
-from tuner import console
 from tuner.backends.torch_files import load_weights, read_recipe, save_weights
-from tuner.budget import BACKEND_KEY, DUPLICATE_ATTR, RETRY_HISTORY, SKIPPED_ATTR
+from tuner.budget import BACKEND_KEY, RETRY_HISTORY
 from tuner.data.batches import Encoded
 from tuner.edits import apply_edits, edit_keys
 from tuner.errors import ConfigError, StudyStopped
-from tuner.front import FAIL_REASON_ATTR
 from tuner.models import MODEL_FAMILIES
-from tuner.optuna_compat import beat_once, trial_id_of
 from tuner.recipe import ModelRecipe
-from tuner.recovery import deferred, raise_if_interrupted
 from tuner.space import SearchSpace
 from tuner.training.distill import Distillation
 from tuner.training.loop import TrainResult
@@ -149,6 +140,64 @@ def teacher_params(
     return {**params, ALPHA_KEY: 0.0, START_KEY: "pretrained"}
 
 
+class TeacherMissing(OSError):
+    """The stored teacher is confirmed gone: its run, artifact or files do not exist."""
+
+
+class TeacherUnreachable(OSError):
+    """The stored teacher could not be fetched: nothing says whether it is there."""
+
+
+# How long a teacher's download is tried again (waits doubling from 1 s) before the worker stops.
+FETCH_SECONDS = 60.0
+
+
+def _downloaded(location: str, tracking_uri: str) -> Path:
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    wait, deadline = 1.0, time.monotonic() + FETCH_SECONDS
+    while True:
+        try:
+            return Path(
+                mlflow.artifacts.download_artifacts(
+                    artifact_uri=location, tracking_uri=tracking_uri
+                )
+            )
+        except MlflowException as exc:
+            if exc.error_code == "RESOURCE_DOES_NOT_EXIST" and _root_visible(
+                location, tracking_uri
+            ):
+                raise TeacherMissing(f"{location}: {exc}") from None
+            error: Exception = exc
+        except Exception as exc:
+            error = exc
+        if time.monotonic() + wait > deadline:
+            raise TeacherUnreachable(
+                f"{location}: {type(error).__name__}: {error} (tried for {FETCH_SECONDS:.0f} s)"
+            ) from None
+        time.sleep(wait)
+        wait *= 2
+
+
+def _root_visible(location: str, tracking_uri: str) -> bool:
+    """Whether a `runs:/` teacher's run could be seen whole from here: a run kept in a local
+    directory that this host does not have says nothing about whether the teacher exists."""
+    if not location.startswith("runs:/"):
+        return True
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    run_id = location.removeprefix("runs:/").split("/", 1)[0]
+    try:
+        artifact_uri = MlflowClient(tracking_uri).get_run(run_id).info.artifact_uri
+    except MlflowException as exc:
+        return exc.error_code == "RESOURCE_DOES_NOT_EXIST"  # the run itself is gone
+    if artifact_uri.startswith("file:") or "://" not in artifact_uri:
+        return Path(artifact_uri.removeprefix("file://").removeprefix("file:")).is_dir()
+    return True
+
+
 @dataclass(frozen=True)
 class StoredTeacher:
     """A teacher's files: its weights (with the recipe of its architecture in their metadata)
@@ -160,23 +209,16 @@ class StoredTeacher:
 
     @classmethod
     def load(cls, location: str, tracking_uri: str) -> StoredTeacher:
-        """From a local directory, or an MLflow artifact URI; raises OSError when it is not
-        there or not a teacher. The weights are read by `model`."""
+        """From a local directory, or an MLflow artifact URI. Raises `TeacherMissing` when it is
+        confirmed not there (or not a teacher), `TeacherUnreachable` when it could not be asked
+        for `FETCH_SECONDS` (a tracking server down, an artifact root this host cannot see).
+        The weights are read by `model`."""
         directory = Path(location)
         if _ARTIFACT_URI.match(location):
-            import mlflow
-
-            try:
-                directory = Path(
-                    mlflow.artifacts.download_artifacts(
-                        artifact_uri=location, tracking_uri=tracking_uri
-                    )
-                )
-            except Exception as exc:
-                raise OSError(f"{location}: {type(exc).__name__}: {exc}") from None
+            directory = _downloaded(location, tracking_uri)
         weights, labels = directory / _WEIGHTS, directory / _LABELS
         if not weights.is_file() or not labels.is_file():
-            raise OSError(f"{location} holds no teacher ({_WEIGHTS} and {_LABELS})")
+            raise TeacherMissing(f"{location} holds no teacher ({_WEIGHTS} and {_LABELS})")
         return cls(weights, read_recipe(weights), list(json.loads(labels.read_text())))
 
     def model(self) -> nn.Module:
@@ -333,185 +375,6 @@ def record_stored(
         "uri": uri,
         "training": training.summary(),
     }
-    storage.set_study_user_attr(study_id, STORED_ATTR, stored)
-
-
-# (the claimed teacher trial) -> None: runs the objective on it and tells the study.
-RunTrial = Callable[[FrozenTrial], None]
-
-
-def ensure_trained(
-    study: optuna.Study,
-    storage: optuna.storages.BaseStorage,
-    study_id: int,
-    teachers: Teachers | None,
-    run_trial: RunTrial,
-    poll_seconds: float,
-    fail_stale: Callable[[], None],
-) -> None:
-    """Return once the study's teacher is stored: train it in a trial this worker claims, or
-    wait while another worker trains it. A teacher trial that fails while this runs stops the
-    study with its reason; a stored teacher whose files are gone is trained again, once."""
-    if teachers is None or teachers.params is None:
-        return
-    reference = str(teachers.reference)
-    started_with = len(storage.get_all_trials(study_id, deepcopy=False))
-    retrained = told_waiting = False
-    looked_again: set[int] = set()
-    while True:
-        # An interrupt deferred while a trial was claimed or finished stops here.
-        raise_if_interrupted()
-        attrs = storage.get_study_user_attrs(study_id)
-        location = teachers.location(attrs)
-        if location is not None:
-            try:
-                # Fetched once for the whole invocation: the students read the same files.
-                teachers.files(attrs)
-            except OSError as exc:
-                if retrained:
-                    raise StudyStopped(
-                        f"the teacher trained again cannot be loaded: {exc}"
-                    ) from None
-                console.teacher_missing(location, str(exc))
-                _forget(storage, study_id, teachers.reference)
-                retrained = True
-                started_with = len(storage.get_all_trials(study_id, deepcopy=False))
-            else:
-                # A duplicate left waiting would be taken by `study.optimize` and train the
-                # teacher again. A retry (its trial died after storing the teacher) is left to
-                # it: it completes the teacher's points.
-                for trial in _teacher_trials(storage, study_id, reference, TrialState.WAITING):
-                    if RETRY_HISTORY not in trial.system_attrs:
-                        _skip_duplicate(storage, trial, f"{KEY}={reference} is stored already")
-                raise_if_interrupted()
-                return
-        mine = _teacher_trials(storage, study_id, reference)
-        live = [t for t in mine if t.state in (TrialState.WAITING, TrialState.RUNNING)]
-        if not live:
-            failed = [
-                t
-                for t in mine
-                if t.state in (TrialState.FAIL, TrialState.PRUNED)
-                and t.number >= started_with
-                and DUPLICATE_ATTR not in t.system_attrs
-            ]
-            if failed and failed[-1].number not in looked_again and _failed_as_stale(failed[-1]):
-                # Its retry is queued right after it is failed: look once more.
-                looked_again.add(failed[-1].number)
-                time.sleep(1.0)
-                continue
-            if failed:
-                last = failed[-1]
-                reason = last.user_attrs.get(
-                    FAIL_REASON_ATTR, last.user_attrs.get(SKIPPED_ATTR, last.state.name)
-                )
-                raise StudyStopped(
-                    f"the distillation teacher ({KEY}={teachers.reference}, trial "
-                    f"#{last.number}) did not train: {reason}. No student was trained; "
-                    "fix the cause and run the same command to resume"
-                )
-            if teachers.location(storage.get_study_user_attrs(study_id)) is not None:
-                continue  # stored since this worker looked: a trial queued now would retrain it
-            template = optuna.trial.create_trial(
-                state=TrialState.WAITING,
-                system_attrs={TRIAL_ATTR: {"reference": reference, "params": teachers.params}},
-            )
-            storage.create_new_trial(study_id, template_trial=template)
-            continue
-        running = [t for t in live if t.state == TrialState.RUNNING]
-        chosen = min(running or live, key=lambda t: t.number)
-        # Only those above the chosen one: a lower-numbered one seen running may be a duplicate
-        # that another worker is finishing; the waiting one below it is then the teacher.
-        for trial in live:
-            if trial.state == TrialState.WAITING and trial.number > chosen.number:
-                reason = f"{KEY}={reference} is trained in trial #{chosen.number}"
-                _skip_duplicate(storage, trial, reason)
-        if chosen.state == TrialState.WAITING:
-            with deferred():
-                claimed = _claim(storage, chosen)
-                # Stored after this worker looked: another trial trained it meanwhile.
-                duplicate = (
-                    claimed
-                    and RETRY_HISTORY not in chosen.system_attrs
-                    and teachers.location(storage.get_study_user_attrs(study_id)) is not None
-                )
-                if duplicate:
-                    _finish_duplicate(storage, chosen, f"{KEY}={reference} is stored already")
-            if claimed and not duplicate:
-                console.training_teacher(chosen.number, teachers.reference)
-                run_trial(storage.get_trial(trial_id_of(chosen)))
-            continue
-        if not told_waiting:
-            console.waiting_for_teacher(chosen.number)
-            told_waiting = True
-        fail_stale()
-        time.sleep(poll_seconds)
-
-
-def _teacher_trials(
-    storage: optuna.storages.BaseStorage,
-    study_id: int,
-    reference: str,
-    state: TrialState | None = None,
-) -> list[FrozenTrial]:
-    """The study's trials that train the teacher `reference` (retries included)."""
-    trials = storage.get_all_trials(study_id, deepcopy=False)
-    by_number = {t.number: t for t in trials}
-    return [
-        t
-        for t in trials
-        if (state is None or t.state == state)
-        and (record := teacher_of(t, by_number))
-        and record["reference"] == reference
-    ]
-
-
-def _failed_as_stale(trial: FrozenTrial) -> bool:
-    """Failed by another worker, which found this trial's worker dead (tuner's own failures
-    give a reason)."""
-    return trial.state == TrialState.FAIL and FAIL_REASON_ATTR not in trial.user_attrs
-
-
-def _claim(storage: optuna.storages.BaseStorage, trial: FrozenTrial) -> bool:
-    """Move a waiting trial to RUNNING; False when another worker moved or finished it first."""
-    try:
-        claimed = storage.set_trial_state_values(trial_id_of(trial), TrialState.RUNNING)
-    except optuna.exceptions.UpdateFinishedTrialError:
-        return False
-    if claimed:
-        beat_once(trial_id_of(trial), storage)
-    return claimed
-
-
-def _skip_duplicate(storage: optuna.storages.BaseStorage, trial: FrozenTrial, reason: str) -> None:
-    """Claim a waiting teacher trial and finish it unrun, unless another worker moved it first.
-    Not stopped half-way: a trial left RUNNING without a heartbeat would be waited for by every
-    worker."""
-    with deferred():
-        if _claim(storage, trial):
-            _finish_duplicate(storage, trial, reason)
-
-
-def _finish_duplicate(
-    storage: optuna.storages.BaseStorage, trial: FrozenTrial, reason: str
-) -> None:
-    """Finish a claimed teacher trial unrun, as a skipped duplicate."""
-    mark_duplicate(storage, trial, reason)
-    storage.set_trial_state_values(trial_id_of(trial), TrialState.PRUNED)
-
-
-def mark_duplicate(storage: optuna.storages.BaseStorage, trial: FrozenTrial, reason: str) -> None:
-    """Record a teacher trial that is not to run as skipped (no budget, sampler or front counts
-    it; whoever runs it finishes it PRUNED): another trial trains, or trained, the teacher."""
-    trial_id = trial_id_of(trial)
-    storage.set_trial_system_attr(trial_id, DUPLICATE_ATTR, True)
-    storage.set_trial_user_attr(trial_id, SKIPPED_ATTR, reason)
-    console.teacher_duplicate_skipped(trial.number, reason)
-
-
-def _forget(storage: optuna.storages.BaseStorage, study_id: int, reference: Any) -> None:
-    stored = dict(storage.get_study_user_attrs(study_id).get(STORED_ATTR) or {})
-    stored.pop(str(reference), None)
     storage.set_study_user_attr(study_id, STORED_ATTR, stored)
 
 

@@ -54,8 +54,8 @@ from tuner.teacher import KEY as TEACHER_KEY
 from tuner.teacher import (
     START_KEY,
     TEMPERATURE_KEY,
+    TeacherMissing,
     TrainedTeacher,
-    mark_duplicate,
     record_stored,
     starts_from_teacher,
     store_after_training,
@@ -383,30 +383,23 @@ class Objective:
         )
 
     def _stored_teacher(self, trial: optuna.Trial) -> TrainedTeacher | None:
-        """A teacher trial whose teacher is stored already loads it rather than train another,
-        so that every student of the study learns from the same one: a retry of the trial that
-        stored it (which then died before its points were written) gets its record; another
-        teacher trial is a duplicate, finished unrun. None: train it (not stored, or stored by
-        an earlier version of tuner, whose record cannot show how it trained)."""
+        """A retry of the teacher trial whose teacher is stored already (its worker died after
+        storing it, before its points were written) loads it rather than train another, so
+        that every student of the study learns from the same one. None: train it (not stored,
+        or stored by an earlier version of tuner, whose record cannot show how it trained)."""
         ctx = self.context
         assert ctx.teachers is not None
         stored = ctx.teachers.trained(ctx.storage.get_study_user_attrs(ctx.study_id))
-        if stored is None:
-            return None
-        frozen = ctx.storage.get_trial(trial_id_of(trial))
-        if stored.trial not in [*frozen.system_attrs.get(budget.RETRY_HISTORY, []), frozen.number]:
-            reason = f"{TEACHER_KEY}={ctx.teachers.reference} is stored already"
-            mark_duplicate(ctx.storage, frozen, reason)
-            raise optuna.TrialPruned(reason)
-        return None if stored.training is None else stored
+        return None if stored is None or stored.training is None else stored
 
     def _loaded(self, stored: TrainedTeacher) -> nn.Module | None:
         """A copy of the stored teacher (deployment must not touch the one students learn
-        from); None when its files are gone: it is trained again."""
+        from); None when its files are confirmed gone: it is trained again. One that cannot be
+        fetched fails the trial, with the reason."""
         assert self.context.teachers is not None
         try:
             teacher = self.context.teachers.model_at(stored.location)
-        except OSError as exc:
+        except TeacherMissing as exc:
             console.teacher_missing(stored.location, str(exc))
             return None
         console.teacher_loaded(stored.trial, stored.location)
@@ -469,7 +462,7 @@ class Objective:
         reason = "interrupted (Ctrl-C or SIGTERM); queued again with the same params"
         ctx.tracker.close_abandoned(str(ctx.cfg.study.name), trial.number, reason, "KILLED")
         frozen = ctx.storage.get_trial(trial_id_of(trial))
-        requeue(ctx.storage, ctx.study_id, frozen, ctx.max_retry)
+        requeue(ctx.leases, ctx.storage, ctx.study_id, frozen, ctx.max_retry)
 
     def _pruned(self, trial: optuna.Trial, run_id: str, pruned: NotWorthTraining) -> None:
         """Not trained further: the run is closed KILLED with the reason (its epochs so far

@@ -21,6 +21,7 @@ from tuner.early_stopping import PruningSettings
 from tuner.insight.roofline import MachinePeak
 from tuner.latency import LatencyProtocol, objective_name
 from tuner.latency_table import LatencyTable
+from tuner.lease import Leases
 from tuner.modalities import Modality
 from tuner.model_factory import ModelFactory
 from tuner.space import SearchSpace
@@ -65,6 +66,7 @@ class TrialContext:
     n_trials: int
     storage: optuna.storages.BaseStorage
     study_id: int
+    leases: Leases
     max_retry: int
     serving: ServingContext
     pruning: PruningSettings

@@ -1,0 +1,70 @@
+"""Faults that left workers waiting for ever, trained a second teacher or ran a trial twice:
+real `python -m tuner` worker processes (`scripts/fault_worker.py`), real signals, SQLite files
+and the private PostgreSQL server. Each study distils, so its teacher is trained in it."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+from conftest import REPO
+
+sys.path.insert(0, str(REPO / "scripts"))
+import fault_matrix  # noqa: E402
+
+pytestmark = pytest.mark.slow
+NOTHING_LOST = {"lost": 0, "twice": 0, "teachers": 1}
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def cell(request, tmp_path):
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path}/optuna.db"
+    else:
+        url = request.getfixturevalue("postgres_database")("optuna")
+    return fault_matrix.Cell(request.param, url, f"sqlite:///{tmp_path}/mlflow.db", tmp_path, 400)
+
+
+def test_a_worker_killed_before_its_trial_s_first_heartbeat_leaves_nothing_waiting(cell):
+    # Before: the trial stayed RUNNING without a heartbeat, never failed: on SQLite every resume
+    # was refused ("another worker is running trial #1"); on PostgreSQL the next worker waited
+    # for it for ever.
+    assert fault_matrix._kill_after_create(cell)
+    assert fault_matrix.outcome(cell.url, cell.tracking) == NOTHING_LOST
+
+
+def test_a_trial_created_just_before_its_connection_dropped_is_run_once(cell):
+    # Before: the creation was retried, so a second trial was made and the first left RUNNING
+    # without a heartbeat for ever.
+    assert fault_matrix._drop_after_commit(cell)
+    assert fault_matrix.outcome(cell.url, cell.tracking) == NOTHING_LOST
+
+
+def test_a_teacher_download_failing_once_trains_no_second_teacher(cell):
+    # Before: any failure to download the stored teacher was read as "files gone": the record
+    # was forgotten and a second teacher trained.
+    assert fault_matrix._teacher_fetch_fails(cell)
+    assert fault_matrix.outcome(cell.url, cell.tracking) == NOTHING_LOST
+
+
+def test_a_worker_whose_trial_another_worker_failed_goes_on(tmp_path):
+    # Before: telling the study a trial that another worker had failed as stale (its heartbeats
+    # lapsed in a database outage) raised "Cannot tell a FAIL trial", and the worker crashed.
+    import optuna
+
+    from tuner.budget import retry_template
+
+    url = f"sqlite:///{tmp_path}/optuna.db"
+    cell = fault_matrix.Cell("sqlite", url, f"sqlite:///{tmp_path}/mlflow.db", tmp_path, 400)
+    worker = cell.worker("a", "none", "train.distill.alpha=0", "debug.overrides.train.epochs=40")
+    assert worker.wait_for("training step", 300)
+    storage = optuna.storages.RDBStorage(url)
+    study_id = storage.get_study_id_from_name(fault_matrix.STUDY)
+    (running,) = storage.get_all_trials(study_id, states=(optuna.trial.TrialState.RUNNING,))
+    # What another worker does to a trial it finds silent: fail it, queue its retry.
+    storage.set_trial_state_values(running._trial_id, optuna.trial.TrialState.FAIL)
+    storage.create_new_trial(study_id, template_trial=retry_template(running))
+    assert cell.finish([worker]), "".join(worker.lines)
+    assert "failed by another worker that found it silent" in "".join(worker.lines)
+    counts = fault_matrix.outcome(url, cell.tracking)
+    assert counts == {"lost": 0, "twice": 0, "teachers": 0}

@@ -1,0 +1,99 @@
+"""The study's storage (`tuner.storage`): only calls that are safe to repeat are retried, and a
+running trial that never beat goes stale. Real SQLite storages; the lost connection is an
+error raised after the real call, as a connection that drops after its commit gives."""
+
+from __future__ import annotations
+
+import time
+
+import optuna
+import pytest
+import sqlalchemy.exc
+
+from tuner import retries
+from tuner.optuna_compat import trial_id_of
+from tuner.storage import Heartbeat, open_storage
+
+TrialState = optuna.trial.TrialState
+
+
+def _dropped() -> sqlalchemy.exc.OperationalError:
+    return sqlalchemy.exc.OperationalError("...", {}, Exception("server closed the connection"))
+
+
+def _committed_then_dropped(method):
+    """`method`, whose first call is done and then answers with a dropped connection."""
+    calls = []
+
+    def call(*args, **kwargs):
+        calls.append(args)
+        result = method(*args, **kwargs)
+        if len(calls) == 1:
+            raise _dropped()
+        return result
+
+    return call, calls
+
+
+@pytest.fixture
+def study(tmp_path, monkeypatch):
+    monkeypatch.setattr(retries, "_FIRST_WAIT", 0.0)  # retried at once
+    storage, _ = open_storage(f"sqlite:///{tmp_path}/optuna.db", Heartbeat(1, 2))
+    return optuna.create_study(storage=storage, study_name="s")
+
+
+def test_creating_a_trial_is_not_retried_after_a_dropped_connection(study):
+    storage = study._storage
+    storage.inner.create_new_trial, calls = _committed_then_dropped(storage.inner.create_new_trial)
+    with pytest.raises(sqlalchemy.exc.OperationalError):
+        storage.create_new_trial(study._study_id)
+    # Repeated, it would have made a second trial: one running trial that nobody runs.
+    assert len(calls) == 1 and len(study.get_trials()) == 1
+
+
+def test_reads_and_attributes_are_retried(study):
+    storage = study._storage
+    trial_id = storage.create_new_trial(study._study_id)
+    storage.inner.set_trial_user_attr, calls = _committed_then_dropped(
+        storage.inner.set_trial_user_attr
+    )
+    storage.set_trial_user_attr(trial_id, "k", 1)
+    storage.inner.get_trial, reads = _committed_then_dropped(storage.inner.get_trial)
+    assert storage.get_trial(trial_id).user_attrs == {"k": 1}
+    assert len(calls) == 2 and len(reads) == 2
+
+
+def test_finishing_a_trial_whose_first_attempt_was_committed_is_done(study):
+    storage = study._storage
+    trial_id = storage.create_new_trial(study._study_id)
+    storage.inner.set_trial_state_values, calls = _committed_then_dropped(
+        storage.inner.set_trial_state_values
+    )
+    # The repeat finds it complete already (Optuna raises for a finished trial): done.
+    assert storage.set_trial_state_values(trial_id, TrialState.COMPLETE, [1.0])
+    assert len(calls) == 2 and study.get_trials()[0].state == TrialState.COMPLETE
+
+
+def test_claiming_a_trial_is_not_retried(study):
+    storage = study._storage
+    study.enqueue_trial({})
+    (waiting,) = study.get_trials()
+    storage.inner.set_trial_state_values, calls = _committed_then_dropped(
+        storage.inner.set_trial_state_values
+    )
+    with pytest.raises(sqlalchemy.exc.OperationalError):
+        storage.set_trial_state_values(trial_id_of(waiting), TrialState.RUNNING)
+    assert len(calls) == 1
+
+
+def test_a_running_trial_that_never_beat_is_stale_once_it_started_a_grace_period_ago(study):
+    storage = study._storage
+    # Made as `study.ask` makes it: running, no heartbeat (its worker died at once).
+    orphan = storage.create_new_trial(study._study_id)
+    assert storage._get_stale_trial_ids(study._study_id) == []
+    time.sleep(2.5)  # grace period 2 s
+    young = storage.create_new_trial(study._study_id)
+    assert storage._get_stale_trial_ids(study._study_id) == [orphan]
+    optuna.storages.fail_stale_trials(study)
+    states = {t._trial_id: t.state for t in study.get_trials()}
+    assert states == {orphan: TrialState.FAIL, young: TrialState.RUNNING}

@@ -1,0 +1,101 @@
+"""Mutual exclusion between the workers of one study: the one lease that coordination uses.
+
+A lease is held by a live connection or an open file, never by a record with a time in it, so
+it is exclusive however the workers' clocks differ, and it ends with its holder: released on
+exit, or by the database or the kernel when the holder's process dies. Nothing is left behind.
+
+- PostgreSQL: a session advisory lock (`pg_try_advisory_lock`) on a connection of its own.
+- MySQL: `GET_LOCK` on a connection of its own.
+- SQLite and Optuna's journal file: `flock` on the database or journal file itself (SQLite's own
+  locks are POSIX record locks, which `flock` does not touch).
+- In-memory storages live in one process, one worker: there is no one to exclude.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import time
+import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import sqlalchemy
+from sqlalchemy.engine import make_url
+
+# Tried again this often while another worker holds the lease: a blocking wait inside the
+# database driver would not see Ctrl-C.
+_POLL_SECONDS = 0.2
+
+
+@contextmanager
+def _advisory(url: str, scope: str) -> Iterator[None]:
+    engine = sqlalchemy.create_engine(url, poolclass=sqlalchemy.pool.NullPool)
+    mysql = engine.dialect.name == "mysql"
+    acquire = "SELECT GET_LOCK(:k, 0)" if mysql else "SELECT pg_try_advisory_lock(:k)"
+    release = "SELECT RELEASE_LOCK(:k)" if mysql else "SELECT pg_advisory_unlock(:k)"
+    key: int | str = scope[:64] if mysql else zlib.crc32(scope.encode())
+    try:
+        with engine.connect() as connection:
+            while not connection.execute(sqlalchemy.text(acquire), {"k": key}).scalar():
+                connection.rollback()
+                time.sleep(_POLL_SECONDS)
+            connection.commit()
+            try:
+                yield
+            finally:
+                # Closing the connection releases it too; a lost connection already has.
+                try:
+                    connection.execute(sqlalchemy.text(release), {"k": key})
+                    connection.commit()
+                except sqlalchemy.exc.DBAPIError:
+                    pass
+    finally:
+        engine.dispose()
+
+
+@contextmanager
+def _file_lock(path: Path) -> Iterator[None]:
+    # Per open file: two opens of one file exclude each other, in one process too. A blocking
+    # wait here still sees Ctrl-C.
+    with open(path, "rb") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _file_of(url: str) -> Path | None:
+    """The file a SQLite or journal storage URL names; None for an in-memory one."""
+    if url.startswith("journal://"):
+        return Path(url.removeprefix("journal://"))
+    database = make_url(url).database
+    return None if database in (None, "", ":memory:") else Path(database)
+
+
+@dataclass(frozen=True)
+class Leases:
+    """The leases of one study in the storage at `url` (an Optuna storage URL). Leases do not
+    nest: a holder takes no other lease of the study until it lets go."""
+
+    url: str
+    study: str
+
+    @contextmanager
+    def hold(self, what: str) -> Iterator[None]:
+        """Hold `what` until the block ends; waits while another worker holds it."""
+        scope = f"tuner:{self.study}:{what}"
+        if self.url.startswith(("postgresql", "mysql")):
+            with _advisory(self.url, scope):
+                yield
+            return
+        path = _file_of(self.url) if self.url.startswith(("sqlite", "journal://")) else None
+        if path is None or not path.exists():
+            yield
+            return
+        # One lock per storage file serves every purpose: one worker (SQLite) or a few on one
+        # file system (the journal file).
+        with _file_lock(path):
+            yield
