@@ -97,3 +97,33 @@ def test_a_running_trial_that_never_beat_is_stale_once_it_started_a_grace_period
     optuna.storages.fail_stale_trials(study)
     states = {t._trial_id: t.state for t in study.get_trials()}
     assert states == {orphan: TrialState.FAIL, young: TrialState.RUNNING}
+
+
+@pytest.mark.parametrize("storage_class", ["optuna", "tuner"])
+def test_a_commit_whose_answer_is_lost_makes_one_trial(tmp_path, monkeypatch, storage_class):
+    # Optuna's own RDB storage tries a trial's creation five times when its commit fails, so a
+    # commit that the database made but whose answer was lost makes a second trial.
+    from sqlalchemy.orm import Session
+
+    url = f"sqlite:///{tmp_path}/optuna.db"
+    if storage_class == "tuner":
+        storage, _ = open_storage(url, Heartbeat(1, 2))
+    else:
+        storage = optuna.storages.RDBStorage(url)
+    study = optuna.create_study(storage=storage, study_name="s")
+    commit, dropped = Session.commit, []
+
+    def commit_then_drop(self):
+        commit(self)
+        if not dropped:
+            dropped.append(True)
+            raise _dropped()
+
+    monkeypatch.setattr(Session, "commit", commit_then_drop)
+    try:
+        storage.create_new_trial(study._study_id)
+    except optuna.exceptions.StorageInternalError:
+        pass
+    monkeypatch.undo()
+    made = len(optuna.load_study(study_name="s", storage=url).trials)
+    assert made == (1 if storage_class == "tuner" else 2)

@@ -20,8 +20,8 @@ TRAINED_IN_ATTR = "trained_in_trial"
 # records the one whose point it carries, and a retry decides that again.
 BACKEND_KEY = "deploy.backend"
 SKIPPED_ATTR = "skipped"
-# System attribute of a teacher trial finished unrun: another worker queued it at the same
-# moment as the one that trains (`tuner.teacher`). Never counted, whatever its state.
+# System attribute of a teacher trial that an earlier version of tuner finished unrun (another
+# worker had queued one at the same moment). Read for studies made then: never counted.
 DUPLICATE_ATTR = "tuner:teacher_duplicate"
 # Optuna's heartbeat retry records the numbers a trial retries under this system attribute;
 # tuner's own retries (after Ctrl-C or SIGTERM) use the same one.

@@ -175,10 +175,6 @@ def short_of_steady_sessions(label: str, counted: int, sessions: int) -> None:
     )
 
 
-def waiting_for_front_confirmation() -> None:
-    console.print("Waiting for another worker to confirm the front's latencies ...")
-
-
 def front_not_confirmed(reason: str) -> None:
     console.print(
         f"[yellow]The front's latencies could not be confirmed ({reason}); they stay as measured[/]"
@@ -198,6 +194,13 @@ def trial_failed(trial_number: int, reason: str, error: BaseException) -> None:
     if not isinstance(error, TrialFailed):
         # Unexpected: keep the traceback, which Optuna's own report of it would have shown.
         print("".join(traceback.format_exception(error)), file=sys.stderr)
+
+
+def unbeaten_trials(count: int, grace_period: int) -> None:
+    console.print(
+        f"{count} running trial(s) of this study never sent a heartbeat: waiting up to "
+        f"{grace_period} s (study.heartbeat.grace_period) to see whether a worker runs them"
+    )
 
 
 def stale_trial(trial_number: int, reason: str) -> None:
@@ -272,7 +275,7 @@ def database_lost(error: str) -> None:
 def trial_taken(error: str) -> None:
     console.print(
         f"  [yellow]this worker's trial was failed by another worker that found it silent "
-        f"({error}); it is queued again with the same params[/]"
+        f"({error}); that worker queued it again, unless its retries were used up[/]"
     )
 
 

@@ -6,8 +6,11 @@ exit, or by the database or the kernel when the holder's process dies. Nothing i
 
 - PostgreSQL: a session advisory lock (`pg_try_advisory_lock`) on a connection of its own.
 - MySQL: `GET_LOCK` on a connection of its own.
-- SQLite and Optuna's journal file: `flock` on the database or journal file itself (SQLite's own
-  locks are POSIX record locks, which `flock` does not touch).
+- SQLite and Optuna's journal file: `flock` on a lock file beside it, one per purpose
+  (`optuna.db.front.lock`). Never on the storage file itself: closing any descriptor of a file
+  drops the POSIX locks this process holds on it, SQLite's own among them, and where `flock` is
+  emulated by POSIX locks (NFS) the journal's own opening and closing would drop the lease.
+  The lock files stay, empty, for the next holder.
 - In-memory storages live in one process, one worker: there is no one to exclude.
 """
 
@@ -31,11 +34,20 @@ _POLL_SECONDS = 0.2
 
 @contextmanager
 def _advisory(url: str, scope: str) -> Iterator[None]:
-    engine = sqlalchemy.create_engine(url, poolclass=sqlalchemy.pool.NullPool)
+    # TCP keepalives: a holder whose machine vanished without closing its connection frees the
+    # lease in minutes, not the system's default two hours.
+    keepalives = {"keepalives": 1, "keepalives_idle": 30, "keepalives_interval": 10}
+    engine = sqlalchemy.create_engine(
+        url,
+        poolclass=sqlalchemy.pool.NullPool,
+        connect_args=keepalives if url.startswith("postgresql") else {},
+    )
     mysql = engine.dialect.name == "mysql"
     acquire = "SELECT GET_LOCK(:k, 0)" if mysql else "SELECT pg_try_advisory_lock(:k)"
     release = "SELECT RELEASE_LOCK(:k)" if mysql else "SELECT pg_advisory_unlock(:k)"
-    key: int | str = scope[:64] if mysql else zlib.crc32(scope.encode())
+    key: int | str = (
+        f"tuner:{zlib.crc32(scope.encode()):08x}" if mysql else zlib.crc32(scope.encode())
+    )
     try:
         with engine.connect() as connection:
             while not connection.execute(sqlalchemy.text(acquire), {"k": key}).scalar():
@@ -59,7 +71,7 @@ def _advisory(url: str, scope: str) -> Iterator[None]:
 def _file_lock(path: Path) -> Iterator[None]:
     # Per open file: two opens of one file exclude each other, in one process too. A blocking
     # wait here still sees Ctrl-C.
-    with open(path, "rb") as handle:
+    with open(path, "ab") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
             yield
@@ -77,8 +89,8 @@ def _file_of(url: str) -> Path | None:
 
 @dataclass(frozen=True)
 class Leases:
-    """The leases of one study in the storage at `url` (an Optuna storage URL). Leases do not
-    nest: a holder takes no other lease of the study until it lets go."""
+    """The leases of one study in the storage at `url` (an Optuna storage URL), one per purpose
+    (`what`). A holder does not take again a lease it holds: it would wait for itself."""
 
     url: str
     study: str
@@ -95,7 +107,5 @@ class Leases:
         if path is None or not path.exists():
             yield
             return
-        # One lock per storage file serves every purpose: one worker (SQLite) or a few on one
-        # file system (the journal file).
-        with _file_lock(path):
+        with _file_lock(path.with_name(f"{path.name}.{what}.lock")):
             yield

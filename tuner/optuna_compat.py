@@ -50,6 +50,24 @@ def stale_trial_ids(storage: optuna.storages.RDBStorage, study_id: int) -> list[
     return list(storage._get_stale_trial_ids(study_id))
 
 
+class SingleAttemptRDBStorage(optuna.storages.RDBStorage):
+    """Optuna's RDB storage, but making a trial in one attempt. Optuna tries five times when a
+    commit fails, and a commit whose answer was lost after the server made it would make a
+    second trial: a configuration queued twice, or a trial no worker runs."""
+
+    def _create_new_trial(
+        self, study_id: int, template_trial: FrozenTrial | None = None
+    ) -> FrozenTrial:
+        from optuna.storages._rdb import models
+        from optuna.storages._rdb.storage import _create_scoped_session
+
+        with _create_scoped_session(self.scoped_session) as session:
+            # The study's row is locked, as Optuna does, so that trial numbers do not race.
+            models.StudyModel.find_or_raise_by_id(study_id, session, for_update=True)
+            trial_id = self._get_prepared_new_trial(study_id, template_trial, session).trial_id
+        return self.get_trial(trial_id)
+
+
 def unbeaten_trial_ids(storage: optuna.storages.RDBStorage, study_id: int) -> list[int]:
     """Running trials without a heartbeat row: their worker died (or lost its connection)
     between creating the trial and its first heartbeat. Optuna's stale check skips them."""

@@ -18,7 +18,14 @@ import optuna
 from optuna.trial import FrozenTrial
 
 from tuner import console
-from tuner.budget import DUPLICATE_ATTR, RETRY_HISTORY, retried_numbers, retry_template
+from tuner.budget import (
+    DUPLICATE_ATTR,
+    RETRY_HISTORY,
+    is_configuration,
+    retried_numbers,
+    retry_template,
+)
+from tuner.front import FAIL_REASON_ATTR
 from tuner.lease import Leases
 from tuner.optuna_compat import storage_of, study_id_of
 from tuner.tracking import Tracker
@@ -135,9 +142,32 @@ class StaleTrials:
         self.grace_period = grace_period
 
     def __call__(self, study: optuna.Study, trial: FrozenTrial) -> None:
-        queued = requeue(self.leases, storage_of(study), study_id_of(study), trial, self.max_retry)
-        outcome = "queued again with the same params" if queued else "retries exhausted"
+        try:
+            queued = requeue(
+                self.leases, storage_of(study), study_id_of(study), trial, self.max_retry
+            )
+            outcome = "queued again with the same params" if queued else "retries exhausted"
+        except Exception as exc:  # `requeue_orphans` queues it on a later look
+            outcome = f"not queued yet ({type(exc).__name__}: {exc}); it is on a later look"
         reason = f"its worker sent no heartbeat for {self.grace_period} s (killed or lost); "
         reason += outcome
         self.tracker.close_abandoned(study.study_name, trial.number, reason)
         console.stale_trial(trial.number, reason)
+
+
+def requeue_orphans(
+    leases: Leases, storage: optuna.storages.BaseStorage, study_id: int, max_retry: int
+) -> None:
+    """Queue every configuration whose trial failed without a reason of tuner's own (its worker
+    died or was interrupted) and has no retry: the worker that failed it died, or lost the
+    database, before queueing it."""
+    trials = storage.get_all_trials(study_id, deepcopy=False)
+    retried = retried_numbers(trials)
+    for trial in trials:
+        if (
+            trial.state == optuna.trial.TrialState.FAIL
+            and FAIL_REASON_ATTR not in trial.user_attrs
+            and trial.number not in retried
+            and is_configuration(trial)
+        ):
+            requeue(leases, storage, study_id, trial, max_retry)

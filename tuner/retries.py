@@ -41,7 +41,8 @@ def is_transient(error: BaseException) -> bool:
         # MLflow's SQL store reports SQLAlchemy's OperationalError under this code.
         if getattr(seen, "error_code", None) == "TEMPORARILY_UNAVAILABLE":
             return True
-        seen = seen.__cause__
+        # Optuna wraps a failed commit in StorageInternalError, raised from it.
+        seen = seen.__cause__ or seen.__context__
     return False
 
 
@@ -75,11 +76,11 @@ def retrying(function: Callable[..., T]) -> Callable[..., T]:
 
 class RetryingProxy:
     """Every method of the wrapped MLflow client that is safe to repeat, retried on transient
-    database errors. Creating a run is not: one cut off after its commit and repeated would
-    leave a second run; it fails its caller instead. (An experiment made twice is refused by
-    name, which `Tracker` takes as made.)"""
+    database errors. Creating a run or a logged model is not: one cut off after its commit and
+    repeated would leave a second one; it fails its caller instead. (An experiment made twice
+    is refused by name, which `Tracker` takes as made.)"""
 
-    _ONCE = frozenset({"create_run"})
+    _ONCE = frozenset({"create_run", "create_logged_model"})
 
     def __init__(self, wrapped: Any) -> None:
         self._wrapped = wrapped

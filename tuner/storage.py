@@ -3,21 +3,23 @@
 RDB storages (SQLite, PostgreSQL, MySQL) are opened with heartbeats, so the trial of a worker
 that died (SIGKILL, a lost machine) is failed `study.heartbeat.grace_period` seconds after its
 last heartbeat, by the next worker that starts a trial, and handed to `on_stale` (which queues it
-again). A running trial that never beat is stale once it started longer ago than the grace
-period: its worker died between creating it and its first heartbeat.
+again). A running trial that never beat is stale once this worker has seen it so for the grace
+period (by its own monotonic clock: no two hosts' clocks are compared): its worker died between
+creating it and its first heartbeat.
 
 Only calls that are safe to repeat are retried on transient errors (`tuner.retries`): reads,
-heartbeats, attributes (the same value written twice is one write) and finishing a trial (a
-repeat that finds it finished in that state is done). Creating a trial or claiming one is not
-retried: done twice it would leave a trial no worker runs. Such a write fails its caller, and
-what it may have left is found stale like any dead worker's trial. Heartbeats are retried for
-`grace_period - interval` seconds, so an outage shorter than that fails no live trial.
+heartbeats, attributes and params (the same value written twice is one write) and finishing a
+trial (a repeat that finds it finished in that state is done). Creating a trial or claiming one
+is not retried, by tuner or by Optuna (`SingleAttemptRDBStorage`): done twice it would leave a
+trial no worker runs. Such a write fails its caller, and what it may have left is found stale
+like any dead worker's trial. Heartbeats are retried for `grace_period - interval` seconds, so
+an outage shorter than that fails no live trial; one that still fails is skipped, not fatal to
+the heartbeat thread, and the next beat tries again.
 """
 
 from __future__ import annotations
 
 import abc
-import datetime
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,9 +29,15 @@ import sqlalchemy.exc
 from omegaconf import DictConfig
 from optuna.storages import BaseStorage, RDBStorage
 
+from tuner import console
 from tuner.errors import ConfigError
-from tuner.optuna_compat import BaseHeartbeat, trial_id_of, unbeaten_trial_ids
-from tuner.retries import RETRY_SECONDS, call_with_retries
+from tuner.optuna_compat import (
+    BaseHeartbeat,
+    SingleAttemptRDBStorage,
+    trial_id_of,
+    unbeaten_trial_ids,
+)
+from tuner.retries import RETRY_SECONDS, call_with_retries, is_transient
 
 StaleCallback = Callable[[optuna.Study, optuna.trial.FrozenTrial], None]
 _RDB_SCHEMES = ("sqlite", "postgresql", "mysql", "oracle", "mssql")
@@ -63,6 +71,8 @@ class RetryingStorage(BaseStorage, BaseHeartbeat):
     def __init__(self, inner: RDBStorage, grace_period: int | None = None) -> None:
         self.inner = inner
         self.grace_period = grace_period
+        # Running trials without a heartbeat: when this worker first saw each (monotonic).
+        self.unbeaten_since: dict[int, float] = {}
         interval = inner.get_heartbeat_interval() or 0
         # Past this a live trial may already be failed as stale by another worker.
         self.retry_seconds = (
@@ -93,19 +103,43 @@ class RetryingStorage(BaseStorage, BaseHeartbeat):
 
         return call_with_retries(finish, seconds=self.retry_seconds)
 
+    def record_heartbeat(self, trial_id: int) -> None:
+        try:
+            call_with_retries(self.inner.record_heartbeat, trial_id, seconds=self.retry_seconds)
+        except Exception as error:
+            # Raised, it would end Optuna's heartbeat thread for good; the next beat tries again.
+            if not is_transient(error):
+                raise
+
     def _get_stale_trial_ids(self, study_id: int) -> list[int]:
         stale = call_with_retries(
             self.inner._get_stale_trial_ids, study_id, seconds=self.retry_seconds
         )
         if self.grace_period is None:
             return stale
-        # datetime_start is the creating worker's clock, as `datetime.now()` is here.
-        oldest = datetime.datetime.now() - datetime.timedelta(seconds=self.grace_period)
-        for trial_id in call_with_retries(unbeaten_trial_ids, self.inner, study_id):
-            started = self.inner.get_trial(trial_id).datetime_start
-            if started is not None and started < oldest:
-                stale.append(trial_id)
-        return stale
+        now = time.monotonic()
+        unbeaten = call_with_retries(unbeaten_trial_ids, self.inner, study_id)
+        self.unbeaten_since = {i: self.unbeaten_since.get(i, now) for i in unbeaten}
+        return stale + [
+            i for i, seen in self.unbeaten_since.items() if now - seen > self.grace_period
+        ]
+
+
+def wait_out_unbeaten(storage: BaseStorage, study_id: int) -> None:
+    """Wait until every running trial of the study that never beat has beaten or is stale (at
+    most the grace period): a resume must not take one for a live worker's."""
+    if not isinstance(storage, RetryingStorage) or not storage.grace_period:
+        return
+    told = False
+    while True:
+        stale = set(storage._get_stale_trial_ids(study_id))
+        waiting = set(storage.unbeaten_since) - stale
+        if not waiting:
+            return
+        if not told:
+            console.unbeaten_trials(len(waiting), storage.grace_period)
+            told = True
+        time.sleep(1.0)
 
 
 def _retried(name: str):
@@ -133,6 +167,8 @@ def _safe_to_repeat(name: str) -> bool:
         "set_study_system_attr",
         "set_trial_user_attr",
         "set_trial_system_attr",
+        "set_trial_param",
+        "set_trial_intermediate_value",
         "remove_session",
     )
 
@@ -154,7 +190,7 @@ def _rdb_storage(
     # the loser finds them made on its next attempt.
     for attempt in range(3):
         try:
-            inner = RDBStorage(
+            inner = SingleAttemptRDBStorage(
                 url,
                 engine_kwargs={"pool_pre_ping": True},
                 heartbeat_interval=heartbeat.interval if heartbeat else None,

@@ -62,6 +62,7 @@ from tuner.recovery import (
     immediate,
     interruptible,
     raise_if_interrupted,
+    requeue_orphans,
 )
 from tuner.retime import Rebuilder, confirm_front, front_unconfirmed
 from tuner.retrain import override_keys
@@ -69,7 +70,13 @@ from tuner.samplers import SAMPLERS
 from tuner.settings import DIRECTIONS, check_change_keys, settings_of, settle
 from tuner.space import SearchSpace
 from tuner.steadiness import forget_readings
-from tuner.storage import Heartbeat, is_sqlite, live_trial_numbers, open_storage
+from tuner.storage import (
+    Heartbeat,
+    is_sqlite,
+    live_trial_numbers,
+    open_storage,
+    wait_out_unbeaten,
+)
 from tuner.teacher import teachers_for
 from tuner.teacher_trial import ensure_trained
 from tuner.tracking import Tracker
@@ -164,6 +171,8 @@ def _worker_salt(url: str) -> int:
 def _refuse_parallel_sqlite(url: str, storage: optuna.storages.BaseStorage, study_id: int) -> None:
     if not is_sqlite(url):
         return
+    # A trial left running without a heartbeat (its worker died at once) is no live worker's.
+    wait_out_unbeaten(storage, study_id)
     live = live_trial_numbers(storage, study_id)
     if live:
         raise ConfigError(
@@ -383,7 +392,12 @@ def run_study(
                         max_retry=int(cfg.study.heartbeat.max_retry),
                     )
                     run_to_budget(
-                        study, objective, publish, n_trials, int(cfg.study.heartbeat.interval)
+                        study,
+                        objective,
+                        publish,
+                        n_trials,
+                        int(cfg.study.heartbeat.interval),
+                        lambda: requeue_orphans(leases, storage, study_id, context.max_retry),
                     )
                 rebuilder = Rebuilder(cfg, factory, example, context.calibration, protocol_record)
                 moved = _confirm_front(

@@ -313,11 +313,8 @@ class Teachers:
             raise StudyStopped(f"no teacher is stored for {KEY}={self.reference}")
         return location
 
-    def files(self, stored: Mapping[str, Any]) -> StoredTeacher:
-        """The teacher's files, fetched once; OSError when they are gone."""
-        return self.files_at(self._stored_at(stored))
-
     def files_at(self, location: str) -> StoredTeacher:
+        """The teacher's files, fetched once; `TeacherMissing` or `TeacherUnreachable` else."""
         if self._files is None or self._files[0] != location:
             self._files = (location, StoredTeacher.load(location, self.tracking_uri))
         return self._files[1]
@@ -434,10 +431,11 @@ def _architecture(
     """The `model` config of a teacher the study trains: as stored, once it is (a resume with
     other model settings must not start students from a model it no longer describes); else
     the study's with the teacher's params."""
-    if teachers.location(study_attrs) is not None:
+    location = teachers.location(study_attrs)
+    if location is not None:
         try:
-            return teachers.files(study_attrs).recipe.model
-        except OSError:  # gone: it is trained again, from the params below
+            return teachers.files_at(location).recipe.model
+        except OSError:  # gone or out of reach: `tuner.teacher_trial` decides which
             pass
     model = OmegaConf.to_container(cfg.model, resolve=True)
     assert isinstance(model, dict)

@@ -100,8 +100,13 @@ def ensure_trained(
         elif _died(latest) and requeue(leases, storage, study_id, latest, max_retry):
             continue  # queued again (by this worker, or by the one that found it stale)
         else:
-            reason = latest.user_attrs.get(FAIL_REASON_ATTR) or (
-                f"its worker died {max_retry + 1} times" if _died(latest) else latest.state.name
+            attrs = latest.user_attrs
+            reason = (
+                attrs.get(FAIL_REASON_ATTR)
+                or attrs.get(budget.SKIPPED_ATTR)
+                or (
+                    f"its worker died {max_retry + 1} times" if _died(latest) else latest.state.name
+                )
             )
             raise StudyStopped(
                 f"the distillation teacher ({KEY}={teachers.reference}, trial "
@@ -147,7 +152,9 @@ def _queue_attempt(
     reference = str(teachers.reference)
     with leases.hold("teacher"):
         stored = dict(storage.get_study_user_attrs(study_id).get(STORED_ATTR) or {})
-        if gone is not None and (stored.get(reference) or {}).get("uri") == gone:
+        if gone is not None and (stored.get(reference) or {}).get("uri") != gone:
+            return  # another worker dropped it first, and queued its new attempt
+        if gone is not None:
             stored.pop(reference)
             storage.set_study_user_attr(study_id, STORED_ATTR, stored)
         elif reference in stored:

@@ -22,6 +22,8 @@ from tuner.recovery import deferred, raise_if_interrupted
 from tuner.retries import RETRY_SECONDS, call_with_retries, is_transient
 
 Objective = Callable[[optuna.Trial], tuple[float, float]]
+# Runs of `study.optimize` in a row that a lost database may end before the worker stops.
+_LOST_AT_MOST = 10
 Publish = Callable[[optuna.Study, FrozenTrial], None]
 
 
@@ -32,13 +34,20 @@ def nothing_left(study: optuna.Study, n_trials: int) -> bool:
 
 
 def run_to_budget(
-    study: optuna.Study, objective: Objective, publish: Publish, n_trials: int, poll_seconds: int
+    study: optuna.Study,
+    objective: Objective,
+    publish: Publish,
+    n_trials: int,
+    poll_seconds: int,
+    requeue_orphans: Callable[[], None],
 ) -> None:
     """Run trials until the study holds `n_trials` trained configurations (see
     `tuner.budget`), then stay while other workers' trials run: if one of them dies, its
     heartbeat lapses, it is queued again, and this worker takes it."""
     told = False
+    lost = 0
     while True:
+        requeue_orphans()
         trials = study.get_trials(deepcopy=False)
         waiting = any(t.state == TrialState.WAITING for t in trials)
         if waiting or budget.trained(trials) < n_trials:
@@ -48,8 +57,11 @@ def run_to_budget(
             try:
                 with deferred():
                     study.optimize(objective, catch=(Exception,), callbacks=[publish])
+                lost = 0
             except Exception as error:
-                if not carry_on(study, error):
+                # A database that answers reads but fails every write is not coming back.
+                lost += 1
+                if lost > _LOST_AT_MOST or not carry_on(study, error):
                     raise
             # One that waited while the last trial was closed.
             raise_if_interrupted()
@@ -77,15 +89,21 @@ def carry_on(study: optuna.Study, error: Exception) -> bool:
     if not is_transient(error):
         return False
     console.database_lost(f"{type(error).__name__}: {str(error).splitlines()[0][:200]}")
+    time.sleep(1.0)
     call_with_retries(study.get_trials, deepcopy=False, seconds=RETRY_SECONDS)
     return True
 
 
-def taken(error: BaseException) -> bool:
-    """Telling a trial that another worker already failed (as stale): Optuna's words for it."""
-    return isinstance(error, optuna.exceptions.UpdateFinishedTrialError) or (
-        isinstance(error, ValueError) and str(error).startswith("Cannot tell a ")
-    )
+def taken(error: BaseException | None) -> bool:
+    """Telling the study a trial that another worker already failed as stale, in Optuna's
+    words; Optuna may raise something else while handling it, so its context counts too."""
+    while error is not None:
+        if isinstance(error, ValueError) and str(error).startswith("Cannot tell a FAIL trial"):
+            return True
+        if isinstance(error, optuna.exceptions.UpdateFinishedTrialError):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
 
 
 def claimed_trial_runner(
