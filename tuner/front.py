@@ -93,11 +93,14 @@ def failures_of(trials: Sequence[optuna.trial.FrozenTrial]) -> Failures:
 
 
 def study_points(study: optuna.Study, constraints: Constraints | None = None) -> list[Point]:
-    """Every complete trial of the study as a point; see `points_of`."""
+    """Every complete trial of the study made on its current data settings as a point (a point
+    of another split is left out: `tuner.data_settings`); see `points_of`."""
+    from tuner.data_settings import current_split
     from tuner.latency_table import LatencyTable
 
     table = LatencyTable.of_attrs(study.user_attrs)
-    return points_of(study.get_trials(deepcopy=False), constraints, table)
+    trials = current_split(study.get_trials(deepcopy=False), study.user_attrs).trials
+    return points_of(trials, constraints, table)
 
 
 def points_of(

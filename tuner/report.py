@@ -24,15 +24,16 @@ from omegaconf import DictConfig, OmegaConf
 from tuner import console
 from tuner.config import apply_debug, compose_config, resolve
 from tuner.console import eager_point_of
-from tuner.constraints import Baseline, Constraints, baseline_of
+from tuner.constraints import Baseline, Constraints
+from tuner.current_front import front_of
 from tuner.data import Splits, load_splits
+from tuner.data_settings import CurrentSplit, data_changes, data_fingerprint
 from tuner.errors import ConfigError
-from tuner.front import Point, failures_of, points_of
+from tuner.front import Point, failures_of
 from tuner.insight.compare import biggest_difference, breakdown
 from tuner.insight.on_demand import op_table, profile_logged
 from tuner.insight.roofline import MachinePeak, stored_peaks
 from tuner.latency import objective_name
-from tuner.latency_table import LatencyTable
 from tuner.modalities import MODALITIES
 from tuner.recommend import DEFAULT_MAX_ACCURACY_DROP, Rule, recommend
 from tuner.retrain import override_keys
@@ -47,6 +48,9 @@ from tuner.storage import open_storage
 from tuner.tracking import MODEL_ABSENT_TAG, MODEL_ERROR_TAG
 
 TEST_METRIC = "test_accuracy"
+# Beside the test accuracy on a point's run: the data fingerprint (`tuner.data_settings`) of the
+# split it was measured on, so that a value measured on another split is never reused.
+TEST_SPLIT_TAG = "tuner.test_split"
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -146,12 +150,32 @@ def study_settings(
     return constraints, data_cfg
 
 
+def cached_test_accuracy(
+    run: mlflow.entities.Run, test_split: str, data_changed: bool
+) -> float | None:
+    """The test accuracy kept on a point's run, if it was measured on the split `test_split`
+    fingerprints. One kept without its split was measured before runs recorded it: on the
+    study's only split where `data_changed` is false, on an unknown one otherwise."""
+    recorded = run.data.metrics.get(TEST_METRIC)
+    measured_on = run.data.tags.get(TEST_SPLIT_TAG)
+    if recorded is None:
+        return None
+    if measured_on == test_split or (measured_on is None and not data_changed):
+        return recorded
+    return None
+
+
 def test_accuracy(
-    point: Point, splits_of: Callable[[], Splits], client: mlflow.MlflowClient
+    point: Point,
+    splits_of: Callable[[], Splits],
+    client: mlflow.MlflowClient,
+    test_split: str,
+    data_changed: bool,
 ) -> float:
-    """The point's accuracy on the test split, evaluated once and kept on its MLflow run."""
+    """The point's accuracy on the test split (`test_split`: its data fingerprint), evaluated
+    once per split and kept on its MLflow run beside the fingerprint."""
     assert point.model_uri is not None and point.mlflow_run_id is not None
-    recorded = client.get_run(point.mlflow_run_id).data.metrics.get(TEST_METRIC)
+    recorded = cached_test_accuracy(client.get_run(point.mlflow_run_id), test_split, data_changed)
     if recorded is not None:
         console.console.print(f"Test accuracy was evaluated before; reusing {recorded:.4f}.")
         return recorded
@@ -166,6 +190,7 @@ def test_accuracy(
     expected = [splits.label_names[label] for label in splits.test.labels]
     accuracy = sum(p == e for p, e in zip(predicted, expected, strict=True)) / len(expected)
     client.log_metric(point.mlflow_run_id, TEST_METRIC, accuracy)
+    client.set_tag(point.mlflow_run_id, TEST_SPLIT_TAG, test_split)
     client.set_tag(point.mlflow_run_id, "tuner.test_examples", str(len(expected)))
     return accuracy
 
@@ -211,10 +236,15 @@ def _summary(
     }
 
 
-def logged_point(points: list[Point], trial_number: int) -> Point:
+def logged_point(points: list[Point], trial_number: int, split: CurrentSplit) -> Point:
     """The point of trial `trial_number`, which must have a logged model (checked before
     anything is evaluated)."""
     point = next((p for p in points if p.trial_number == trial_number), None)
+    if point is None and trial_number in split.left_out:
+        raise ConfigError(
+            f"Invalid option --profile {trial_number}: trial #{trial_number} was trained before "
+            f"the recorded change of {split.changes_named()}, on another split"
+        )
     if point is None:
         raise ConfigError(
             f"Invalid option --profile {trial_number}: the study has no complete point "
@@ -263,10 +293,12 @@ def report(args: argparse.Namespace) -> int:
     mlflow.set_tracking_uri(str(cfg.tracking.uri))
     client = mlflow.MlflowClient(str(cfg.tracking.uri))
     trials = study.get_trials(deepcopy=False)
-    table = LatencyTable.of_attrs(study.user_attrs)
-    points, baseline = points_of(trials, constraints, table), baseline_of(trials)
+    points, baseline, split = front_of(trials, study.user_attrs, constraints)
+    split.refuse_without_points(study.study_name)
     console.front_summary(study.study_name, points, failures_of(trials), baseline, constraints)
-    to_profile = None if args.profile is None else logged_point(points, args.profile)
+    if split.note():
+        console.console.print(f"[yellow]{split.note()}[/]")
+    to_profile = None if args.profile is None else logged_point(points, args.profile, split)
     running = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
     if running:
         console.console.print(f"{len(running)} trial(s) still running: this is the front so far.")
@@ -277,7 +309,13 @@ def report(args: argparse.Namespace) -> int:
     else:
         console.recommendation(point, rule.describe())
         where_time_goes(point, eager_point_of(points, baseline), stored_peaks(study.user_attrs))
-        status = check_and_export(args, study, point, rule, splits_of, client)
+        test_split = split.fingerprint or data_fingerprint(settings_of(cfg))
+        changed = bool(data_changes(study.user_attrs))
+
+        def evaluate(recommended: Point) -> float:
+            return test_accuracy(recommended, splits_of, client, test_split, changed)
+
+        status = check_and_export(args, study, point, rule, evaluate, client)
     if to_profile is not None:
         profile_on_demand(to_profile, splits_of, client)
     return status
@@ -321,10 +359,10 @@ def check_and_export(
     study: optuna.Study,
     point: Point,
     rule: Rule,
-    splits_of: Callable[[], Splits],
+    evaluate: Callable[[Point], float],
     client: mlflow.MlflowClient,
 ) -> int:
-    """The recommended point's test accuracy, and its export where asked."""
+    """The recommended point's test accuracy (`evaluate`), and its export where asked."""
     if point.model_uri is None:
         console.console.print(
             f"[yellow]Trial #{point.trial_number} has no logged model: "
@@ -333,7 +371,7 @@ def check_and_export(
         if args.export:
             raise ConfigError(f"Invalid option --export: trial #{point.trial_number} has no model")
         return 0
-    accuracy = None if args.skip_test else test_accuracy(point, splits_of, client)
+    accuracy = None if args.skip_test else evaluate(point)
     if accuracy is not None:
         console.console.print(
             f"Test accuracy {accuracy:.4f} (validation {point.val_accuracy:.4f}); logged as "

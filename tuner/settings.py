@@ -56,7 +56,8 @@ _FIXED_HINT = (
     "a study keeps the objectives and the latency statistic its points were ranked by; use the "
     "study's value or start another study.name"
 )
-_ABSENT = "<absent>"
+# How a change record spells a setting that one side lacks.
+ABSENT = "<absent>"
 
 
 def objectives(statistic: str) -> dict[str, str]:
@@ -103,9 +104,7 @@ def covered(key: str, prefixes: Collection[str]) -> bool:
 
 def differences(stored: Mapping[str, Any], given: Mapping[str, Any]) -> list[str]:
     return sorted(
-        key
-        for key in set(stored) | set(given)
-        if stored.get(key, _ABSENT) != given.get(key, _ABSENT)
+        key for key in set(stored) | set(given) if stored.get(key, ABSENT) != given.get(key, ABSENT)
     )
 
 
@@ -118,7 +117,7 @@ def contradiction(study_name: str, key: str, stored: Any, given: Any, hint: str)
 
 def _shown(value: Any) -> str:
     # As a command line would spell it: null, 0.02, "csv".
-    return _ABSENT if value is _ABSENT else json.dumps(value)
+    return ABSENT if value is ABSENT else json.dumps(value)
 
 
 def settle(study: optuna.Study, given: Mapping[str, Any], changes: Collection[str]) -> list[str]:
@@ -143,16 +142,16 @@ def settle(study: optuna.Study, given: Mapping[str, Any], changes: Collection[st
             raise contradiction(
                 study.study_name,
                 key,
-                stored.get(key, _ABSENT),
-                given.get(key, _ABSENT),
+                stored.get(key, ABSENT),
+                given.get(key, ABSENT),
                 _FIXED_HINT,
             )
         if not covered(key, changes):
             raise contradiction(
                 study.study_name,
                 key,
-                stored.get(key, _ABSENT),
-                given.get(key, _ABSENT),
+                stored.get(key, ABSENT),
+                given.get(key, ABSENT),
                 f"use the study's value, or set {CHANGE_KEY}=[{key}] to change it on purpose "
                 "(the change is recorded in the study), or start another study.name",
             )
@@ -163,8 +162,8 @@ def settle(study: optuna.Study, given: Mapping[str, Any], changes: Collection[st
     records = [
         {
             "key": key,
-            "from": stored.get(key, _ABSENT),
-            "to": given.get(key, _ABSENT),
+            "from": stored.get(key, ABSENT),
+            "to": given.get(key, ABSENT),
             "at": now,
             "after_trials": trials,
         }
@@ -206,8 +205,8 @@ def typed_contradiction(
             return contradiction(
                 study_name,
                 key,
-                stored.get(key, _ABSENT),
-                given.get(key, _ABSENT),
+                stored.get(key, ABSENT),
+                given.get(key, ABSENT),
                 "the study's own settings are used; leave the key off this command (or, for "
                 f"data that lives elsewhere on this machine, add {CHANGE_KEY}=[{key}])",
             )

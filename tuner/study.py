@@ -31,21 +31,16 @@ from tuner.config import (
     resolve,
     with_params,
 )
-from tuner.constraints import Constraints, baseline_of
+from tuner.constraints import Constraints
 from tuner.convergence import REFERENCE_ATTR, convergence
+from tuner.current_front import front_of, summarise_front
 from tuner.data import Splits, load_splits
 from tuner.data.batches import Encoded
 from tuner.devices import resolve_device
 from tuner.early_stopping import PruningSettings, sampler_view
 from tuner.edits import EDITS, SAME_EDIT
 from tuner.errors import ConfigError
-from tuner.front import (
-    LATENCY_KEY_ATTR,
-    Point,
-    failures_of,
-    front_note,
-    points_of,
-)
+from tuner.front import LATENCY_KEY_ATTR, Point, front_note
 from tuner.insight.measure import study_peak
 from tuner.insight.roofline import MachinePeak
 from tuner.latency import LatencyProtocol, gpu_record, objective_name
@@ -289,7 +284,7 @@ def run_study(
         study, constraints, protocol.front_sessions, cfg.deploy, protocol_record
     ):
         console.budget_reached(study.study_name, n_trials)
-        points = _summarise(study, constraints)
+        points = summarise_front(study, constraints)
         console.review_hint(
             str(cfg.tracking.uri), tracker.experiment_id, None, objective_name(protocol.statistic)
         )
@@ -315,10 +310,11 @@ def run_study(
 
     def record_front(study: optuna.Study) -> None:
         trials = study.get_trials(deepcopy=False)
-        points = points_of(trials, constraints, LatencyTable.of_attrs(study.user_attrs))
+        points, baseline, split = front_of(trials, study.user_attrs, constraints)
         started = min((t.datetime_start for t in trials if t.datetime_start), default=None)
         progress = convergence(study, cfg.study.hypervolume_reference, points, started)
-        note = front_note(study.study_name, points, progress, protocol_record, baseline_of(trials))
+        note = front_note(study.study_name, points, progress, protocol_record, baseline)
+        note += f"\n\n{split.note()}" if split.note() else ""
         tracker.publish_front(parent_id, study.study_name, points, note)
         if progress is not None:
             # Stepped by the configurations whose points are in: other workers' running ones
@@ -413,7 +409,7 @@ def run_study(
             tracker.fail(parent_id, "the study stopped on an error; see the terminal")
             raise
     tracker.finish(parent_id)
-    points = _summarise(study, constraints)
+    points = summarise_front(study, constraints)
     console.review_hint(
         str(cfg.tracking.uri), tracker.experiment_id, parent_id, objective_name(protocol.statistic)
     )
@@ -495,16 +491,6 @@ def machine_peak(
             "points are recorded without their roofline.[/]"
         )
         return None
-
-
-def _summarise(study: optuna.Study, constraints: Constraints) -> list[Point]:
-    """Print the study's front, with its failures and baseline; return its points."""
-    trials = study.get_trials(deepcopy=False)
-    points = points_of(trials, constraints, LatencyTable.of_attrs(study.user_attrs))
-    console.front_summary(
-        study.study_name, points, failures_of(trials), baseline_of(trials), constraints
-    )
-    return points
 
 
 def modality_for(cfg: DictConfig, space: SearchSpace, splits: Splits) -> Modality:

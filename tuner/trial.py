@@ -304,7 +304,7 @@ class Objective:
             curve.append(epoch.val_accuracy)
             trial.set_user_attr(CURVE_ATTR, curve)
             if ctx.pruning.enabled and teacher_for is None:
-                trials, table = ctx.study_trials(), ctx.latency_table()
+                trials, table = ctx.split_trials(), ctx.latency_table()
                 # The latencies as the table stands now, as the front's points have them.
                 latencies = trial_latency.from_table(table, keys)
                 reason = stop_reason(
@@ -363,7 +363,7 @@ class Objective:
             )
             record_stored(ctx.storage, ctx.study_id, teacher_for, trial.number, uri, result)
         # Read once per trained model: every backend's point is judged against the same one.
-        baseline = baseline_of(ctx.study_trials(), Baseline(reference.accuracy, trial.number))
+        baseline = baseline_of(ctx.split_trials(), Baseline(reference.accuracy, trial.number))
         return Trained(
             model,
             params,
@@ -470,7 +470,7 @@ class Objective:
         complete trial it stands for (`tuner.early_stopping.sampler_view`)."""
         reason = str(pruned)
         ctx = self.context
-        view = pruned.sampler_view(ctx.constraints, baseline_of(ctx.study_trials()))
+        view = pruned.sampler_view(ctx.constraints, baseline_of(ctx.split_trials()))
         trial.set_user_attr(SAMPLER_VIEW_ATTR, view)
         trial.set_user_attr(PRUNED_ATTR, reason)
         ctx.tracker.set_tags(run_id, {"tuner.pruned": "true"})

@@ -17,6 +17,7 @@ from tuner.backends import ExampleInputs
 from tuner.budget import BACKEND_KEY
 from tuner.constraints import Constraints
 from tuner.data.batches import Encoded
+from tuner.data_settings import current_split
 from tuner.early_stopping import PruningSettings
 from tuner.insight.roofline import MachinePeak
 from tuner.latency import LatencyProtocol, objective_name
@@ -78,6 +79,12 @@ class TrialContext:
 
     def study_trials(self) -> list[optuna.trial.FrozenTrial]:
         return self.storage.get_all_trials(self.study_id, deepcopy=False)
+
+    def split_trials(self) -> list[optuna.trial.FrozenTrial]:
+        """The study's trials made on its current data settings: the only ones whose points a
+        trial is judged against (`tuner.data_settings`)."""
+        study_attrs = self.storage.get_study_user_attrs(self.study_id)
+        return current_split(self.study_trials(), study_attrs).trials
 
     @property
     def objective(self) -> str:

@@ -18,6 +18,7 @@ from tuner.budget import BACKEND_KEY, TRAINED_IN_ATTR
 from tuner.config import with_params
 from tuner.constraints import EAGER_ACCURACY_ATTR, Baseline
 from tuner.convergence import REFERENCE_ATTR, reference_point
+from tuner.data_settings import DATA_SETTINGS_ATTR, data_fingerprint
 from tuner.deploy import BackendResult, Reference
 from tuner.front import (
     FAIL_REASON_ATTR,
@@ -33,6 +34,7 @@ from tuner.insight.roofline import peak_key
 from tuner.pareto import hypervolume, pareto_mask
 from tuner.retrain import retrain_command, retrain_overrides
 from tuner.serving import PointSpec, deploy_config, log_point_model
+from tuner.settings import settings_of
 from tuner.space import fits
 from tuner.tracking import MODEL_ERROR_TAG, MODEL_URI_TAG
 from tuner.training import TrainResult
@@ -124,7 +126,7 @@ def joining_front(
 
     existing = [
         (p.val_accuracy, p.latency_ms)
-        for p in points_of(ctx.study_trials(), table=ctx.latency_table())
+        for p in points_of(ctx.split_trials(), table=ctx.latency_table())
         if feasible(p.val_accuracy, p.latency_ms)
     ]
     new = {
@@ -160,6 +162,9 @@ def record(
     if trained.loaded_from is not None:
         ctx.tracker.set_tags(run_id, {"tuner.teacher_loaded": trained.loaded_from})
     set_attr(CONFIGURATION_ATTR, trained.configuration)
+    # The data settings it was trained and validated on, so that a later change of them leaves
+    # this point out of a front measured on another split.
+    set_attr(DATA_SETTINGS_ATTR, data_fingerprint(settings_of(ctx.cfg)))
     set_attr(LATENCY_KEY_ATTR, trained.latency_keys.get(result.backend))
     if result.error:
         reason = f"backend {result.backend}: {result.error}"
