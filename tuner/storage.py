@@ -22,6 +22,7 @@ from optuna.storages import BaseStorage, RDBStorage
 from tuner.errors import ConfigError
 from tuner.optuna_compat import BaseHeartbeat, stale_trial_ids, trial_id_of
 from tuner.retries import call_with_retries
+from tuner.secrets import mask_urls_in
 
 StaleCallback = Callable[[optuna.Study, optuna.trial.FrozenTrial], None]
 _RDB_SCHEMES = ("sqlite", "postgresql", "mysql", "oracle", "mssql")
@@ -120,8 +121,9 @@ def open_storage(
             storage = optuna.storages.get_storage(url)
         names = [s.study_name for s in storage.get_all_studies()]
     except Exception as exc:
+        # The driver's message may quote the URL too.
         raise ConfigError(
-            f"Invalid config: key 'study.storage': cannot open {url}: {exc}"
+            mask_urls_in(f"Invalid config: key 'study.storage': cannot open {url}: {exc}")
         ) from None
     return storage, names
 
