@@ -10,11 +10,13 @@ import sys
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
+import optuna
 import pytest
 from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
 from sqlalchemy.engine import make_url
 
+from tuner.front import Point, study_points
 from tuner.retrain import retrain_command
 from tuner.secrets import mask_url, mask_urls_in, masked_yaml
 
@@ -105,6 +107,7 @@ def test_retrain_command_masks_the_storage_password():
 
 PASSWORD = "S3cretPw"
 SMOKE = ("+experiment=bert_ffn", "debug=smoke")
+STUDY = "bert_ffn-smoke"
 
 
 def _with_password(url: str) -> str:
@@ -146,14 +149,21 @@ def _mlflow_records_holding(tracking: str, secret: str) -> tuple[list[str], list
     return found, roots
 
 
+def _logged_front_point(storage: str) -> Point:
+    """A front point with a logged model, so that the report exports one whatever the timings
+    made of the front (a point that joined it later has none)."""
+    study = optuna.load_study(study_name=STUDY, storage=storage)
+    logged = [p for p in study_points(study) if p.pareto and p.model_uri is not None]
+    assert logged, "no point of the front has a logged model"
+    return max(logged, key=lambda p: p.val_accuracy)
+
+
 @pytest.mark.slow
 def test_a_password_in_the_urls_is_written_and_printed_nowhere(tmp_path, postgres_database):
     storage = _with_password(postgres_database("optuna"))
     tracking = _with_password(postgres_database("mlflow"))
     stores = (f"study.storage={storage}", f"tracking.uri={tracking}")
     output = _run(tmp_path, "tuner", *SMOKE, *stores, f"hydra.run.dir={tmp_path}/outputs")
-    export = tmp_path / "export"
-    output += _run(tmp_path, "tuner.report", *SMOKE, *stores, "--export", str(export))
 
     assert PASSWORD not in output
     # The URL is still shown, with its password masked.
@@ -163,6 +173,18 @@ def test_a_password_in_the_urls_is_written_and_printed_nowhere(tmp_path, postgre
     assert any(root.is_dir() for root in roots)
     for root in roots:
         assert _files_holding(root, PASSWORD) == []
+    # Searched where the URL is written: the logged config and the logged models' metadata.
+    masked = [name for root in roots for name in _files_holding(root, "postgres:***@")]
+    assert any(name.endswith("config.yaml") for name in masked), masked
+    assert any(name.endswith("MLmodel") for name in masked), masked
+
+    # The most accurate point within its own latency is the point itself.
+    point = _logged_front_point(storage)
+    export = tmp_path / "export"
+    rule = ("--max-latency-ms", repr(point.latency_ms), "--skip-test")
+    output = _run(tmp_path, "tuner.report", *SMOKE, *stores, *rule, "--export", str(export))
+    assert PASSWORD not in output
     assert _files_holding(export, PASSWORD) == []
-    retrain = json.loads((export / "point.json").read_text())["retrain"]
-    assert "'study.storage=postgresql+psycopg://postgres:***@127.0.0.1:" in retrain
+    summary = json.loads((export / "point.json").read_text())
+    assert summary["trial"] == point.trial_number
+    assert "'study.storage=postgresql+psycopg://postgres:***@127.0.0.1:" in summary["retrain"]
