@@ -174,7 +174,7 @@ def _refuse_parallel_sqlite(url: str, storage: optuna.storages.BaseStorage, stud
             f"Invalid config: key 'study.storage': another worker is running trial "
             f"#{live[0]} of this study in {url}. SQLite is not safe for parallel Optuna "
             "writers: give every worker a server database "
-            "(study.storage=postgresql+psycopg://user:password@host/db) or Optuna's journal "
+            "(study.storage=postgresql+psycopg://user@host/db) or Optuna's journal "
             "file (study.storage=journal:///shared/path/study.log, no server, but no "
             "heartbeats), or run one worker at a time. If that worker is dead, its trial is "
             "failed and queued again once it has sent no heartbeat for "
