@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import sys
+import traceback
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from tuner.config import CONF_DIR, register_resolvers, search_space_sources
 from tuner.errors import ConfigError, StudyStopped
 from tuner.experiments import choose_an_experiment, experiments, help_text
 from tuner.recovery import Terminated, interruptible
+from tuner.secrets import mask_urls_in
 
 register_resolvers()
 
@@ -36,10 +38,10 @@ def main(cfg: DictConfig) -> None:
                 overrides=list(hydra_cfg.overrides.task),
             )
     except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {mask_urls_in(str(exc))}", file=sys.stderr)
         sys.exit(2)
     except StudyStopped as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {mask_urls_in(str(exc))}", file=sys.stderr)
         sys.exit(1)
     except KeyboardInterrupt as interrupt:
         print(
@@ -49,6 +51,11 @@ def main(cfg: DictConfig) -> None:
         )
         # The shell's convention: 128 + the signal's number.
         sys.exit(143 if isinstance(interrupt, Terminated) else 130)
+    except Exception as exc:
+        # Reported here rather than by Hydra, which prints the command line's overrides as
+        # typed, a password in `study.storage` or `tracking.uri` included.
+        print(mask_urls_in("".join(traceback.format_exception(exc))), file=sys.stderr)
+        sys.exit(1)
 
 
 _EXPERIMENT = re.compile(r"^\+{0,2}experiment=(.*)$")

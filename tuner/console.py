@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import re
 import sys
 import time
 import traceback
@@ -28,6 +27,7 @@ from rich.table import Table
 from tuner.constraints import Baseline, Constraints
 from tuner.errors import TrialFailed
 from tuner.front import Failures, Point
+from tuner.secrets import mask_url, mask_urls_in
 
 if TYPE_CHECKING:
     from tuner.deploy import BackendResult
@@ -190,10 +190,10 @@ def trial_pruned(trial_number: int, reason: str) -> None:
 
 
 def trial_failed(trial_number: int, reason: str, error: BaseException) -> None:
-    console.print(f"  [red]trial #{trial_number} failed:[/] {reason}")
+    console.print(f"  [red]trial #{trial_number} failed:[/] {mask_urls_in(reason)}")
     if not isinstance(error, TrialFailed):
         # Unexpected: keep the traceback, which Optuna's own report of it would have shown.
-        print("".join(traceback.format_exception(error)), file=sys.stderr)
+        print(mask_urls_in("".join(traceback.format_exception(error))), file=sys.stderr)
 
 
 def unbeaten_trials(count: int, grace_period: int) -> None:
@@ -427,7 +427,7 @@ def review_hint(
     experiment's runs (with the latency `objective`'s column to add) and of the run holding the
     front (the UI opens an experiment on its GenAI overview otherwise)."""
     # Logs are read by others: a password in the URI is not printed.
-    tracking_uri = re.sub(r"(//[^:/@]+):[^@/]*@", r"\1:***@", tracking_uri)
+    tracking_uri = mask_url(tracking_uri)
     served = tracking_uri.startswith(("http://", "https://"))
     base = tracking_uri.rstrip("/") if served else "http://127.0.0.1:5000"
     runs = f"{base}/#/experiments/{experiment_id}/runs"

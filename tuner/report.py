@@ -37,6 +37,7 @@ from tuner.latency import objective_name
 from tuner.modalities import MODALITIES
 from tuner.recommend import DEFAULT_MAX_ACCURACY_DROP, Rule, recommend
 from tuner.retrain import override_keys
+from tuner.secrets import mask_url, mask_urls_in
 from tuner.settings import (
     covered,
     settings_of,
@@ -117,8 +118,8 @@ def load_study(cfg: DictConfig) -> optuna.Study:
     if name not in names:
         known = ", ".join(sorted(names)) or "none"
         raise ConfigError(
-            f"Invalid config: key 'study.name': no study '{name}' in {url} (studies there: "
-            f"{known}); pass the overrides the study was run with"
+            f"Invalid config: key 'study.name': no study '{name}' in {mask_url(url)} (studies "
+            f"there: {known}); pass the overrides the study was run with"
         )
     return optuna.load_study(study_name=name, storage=storage)
 
@@ -217,6 +218,7 @@ def _summary(
 ) -> dict[str, Any]:
     run = client.get_run(point.mlflow_run_id) if point.mlflow_run_id else None
     params = run.data.params if run else {}
+    retrain = run.data.tags.get("tuner.retrain") if run else None
     return {
         "study": study.study_name,
         "trial": point.trial_number,
@@ -232,7 +234,8 @@ def _summary(
         "latency_protocol": {k: v for k, v in params.items() if k.startswith("latency.")},
         "model_uri": point.model_uri,
         "mlflow_run_id": point.mlflow_run_id,
-        "retrain": run.data.tags.get("tuner.retrain") if run else None,
+        # Runs recorded before passwords were masked may still hold one.
+        "retrain": None if retrain is None else mask_urls_in(retrain),
     }
 
 
@@ -389,7 +392,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return report(args)
     except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {mask_urls_in(str(exc))}", file=sys.stderr)
         return 2
 
 

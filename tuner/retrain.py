@@ -16,6 +16,8 @@ from typing import Any
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
+from tuner.secrets import mask_urls_in
+
 _PROFILE_PREFIX = "debug.overrides."
 _PLAIN = re.compile(r"^[A-Za-z_][\w.\-/]*$")
 
@@ -72,4 +74,7 @@ def retrain_overrides(
 
 
 def retrain_command(overrides: Sequence[str]) -> str:
-    return shlex.join(["python", "-m", "tuner", *overrides])
+    """The command line, with the password of a URL in it (`study.storage=...`) masked: it is
+    recorded for others to read. The password is given to the retraining run as to any other
+    (PGPASSWORD, ~/.pgpass), or typed in again."""
+    return shlex.join(["python", "-m", "tuner", *map(mask_urls_in, overrides)])

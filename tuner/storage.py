@@ -38,6 +38,7 @@ from tuner.optuna_compat import (
     unbeaten_trial_ids,
 )
 from tuner.retries import RETRY_SECONDS, call_with_retries, is_transient
+from tuner.secrets import mask_urls_in
 
 StaleCallback = Callable[[optuna.Study, optuna.trial.FrozenTrial], None]
 _RDB_SCHEMES = ("sqlite", "postgresql", "mysql", "oracle", "mssql")
@@ -226,8 +227,9 @@ def open_storage(
             storage = optuna.storages.get_storage(url)
         names = [s.study_name for s in storage.get_all_studies()]
     except Exception as exc:
+        # The driver's message may quote the URL too.
         raise ConfigError(
-            f"Invalid config: key 'study.storage': cannot open {url}: {exc}"
+            mask_urls_in(f"Invalid config: key 'study.storage': cannot open {url}: {exc}")
         ) from None
     return storage, names
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import optuna
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from optuna.distributions import CategoricalDistribution, check_distribution_compatibility
 from optuna.trial import TrialState
 
@@ -62,6 +62,7 @@ from tuner.recovery import (
 from tuner.retime import Rebuilder, confirm_front, front_unconfirmed
 from tuner.retrain import override_keys
 from tuner.samplers import SAMPLERS
+from tuner.secrets import mask_url, masked_yaml
 from tuner.settings import DIRECTIONS, check_change_keys, settings_of, settle
 from tuner.space import SearchSpace
 from tuner.steadiness import forget_readings
@@ -174,7 +175,7 @@ def _refuse_parallel_sqlite(url: str, storage: optuna.storages.BaseStorage, stud
             f"Invalid config: key 'study.storage': another worker is running trial "
             f"#{live[0]} of this study in {url}. SQLite is not safe for parallel Optuna "
             "writers: give every worker a server database "
-            "(study.storage=postgresql+psycopg://user:password@host/db) or Optuna's journal "
+            "(study.storage=postgresql+psycopg://user@host/db) or Optuna's journal "
             "file (study.storage=journal:///shared/path/study.log, no server, but no "
             "heartbeats), or run one worker at a time. If that worker is dead, its trial is "
             "failed and queued again once it has sent no heartbeat for "
@@ -216,8 +217,8 @@ def _create_study(
     )
     if study.directions != [optuna.study.StudyDirection[d.upper()] for d in DIRECTIONS]:
         raise ConfigError(
-            f"Invalid config: key 'study.name': study '{study.study_name}' in {url} has "
-            f"other objectives; choose another study.name"
+            f"Invalid config: key 'study.name': study '{study.study_name}' in {mask_url(url)} "
+            f"has other objectives; choose another study.name"
         )
     # Trials whose worker died long enough ago are failed and queued again before counting.
     optuna.storages.fail_stale_trials(study)
@@ -225,7 +226,7 @@ def _create_study(
     done = budget.trained(study.get_trials(deepcopy=False))
     console.console.print(
         f"{state} study '{study.study_name}' ({previous} earlier trials, {done} of "
-        f"{cfg.study.n_trials} configurations trained or training) in {url}"
+        f"{cfg.study.n_trials} configurations trained or training) in {mask_url(url)}"
     )
     return study, storage
 
@@ -305,7 +306,7 @@ def run_study(
             **protocol_record,
             **({} if peak is None else peak.record(prefix="machine_peak.")),
         },
-        OmegaConf.to_yaml(cfg),
+        masked_yaml(cfg),
     )
 
     def record_front(study: optuna.Study) -> None:

@@ -27,6 +27,7 @@ from tuner.insight.plots import plot_profile_html, plot_profile_png, profiled_fr
 from tuner.insight.profile import OpProfile
 from tuner.latency import LatencyResult
 from tuner.retries import RetryingProxy
+from tuner.secrets import mask_urls_in
 from tuner.training import EpochResult
 
 # MLflow caps a param value at 6000 characters.
@@ -42,7 +43,8 @@ JOINED_LATER = (
 
 
 def _params(values: Mapping[str, Any]) -> list[Param]:
-    return [Param(key, str(value)[:_PARAM_LIMIT]) for key, value in values.items()]
+    # Params, tags and failure reasons are read by everyone with access to the experiment.
+    return [Param(key, mask_urls_in(str(value))[:_PARAM_LIMIT]) for key, value in values.items()]
 
 
 @contextmanager
@@ -173,7 +175,8 @@ class Tracker:
             self.log_metrics(run.info.run_id, latency.metrics(), step=step)
 
     def set_tags(self, run_id: str, tags: Mapping[str, str]) -> None:
-        self.client.log_batch(run_id, tags=[RunTag(key, value) for key, value in tags.items()])
+        masked = [RunTag(key, mask_urls_in(value)) for key, value in tags.items()]
+        self.client.log_batch(run_id, tags=masked)
 
     def log_notes(self, run_id: str, notes: Mapping[str, Any]) -> None:
         """What a backend says its artifact holds: all of it as `deploy/notes.json`, and one
@@ -215,7 +218,7 @@ class Tracker:
 
     def close(self, run_id: str, status: str, reason: str) -> None:
         """End a run that did not finish, with the reason as its `failure_reason` tag."""
-        self.client.set_tag(run_id, "failure_reason", reason[:5000])
+        self.client.set_tag(run_id, "failure_reason", mask_urls_in(reason)[:5000])
         self.client.set_terminated(run_id, status)
 
     def publish_front(
