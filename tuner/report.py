@@ -36,6 +36,7 @@ from tuner.latency_table import LatencyTable
 from tuner.modalities import MODALITIES
 from tuner.recommend import DEFAULT_MAX_ACCURACY_DROP, Rule, recommend
 from tuner.retrain import override_keys
+from tuner.serving import load_point_model
 from tuner.settings import (
     covered,
     settings_of,
@@ -160,7 +161,7 @@ def test_accuracy(
         f"Evaluating trial #{point.trial_number} ({point.backend}) on {len(splits.test)} "
         "held-out test examples ..."
     )
-    model = mlflow.pyfunc.load_model(point.model_uri)
+    model = load_point_model(point.model_uri)
     test_input = MODALITIES.get(splits.modality).serving_input(splits.test.items)
     predicted = model.predict(test_input)["label"].tolist()
     expected = [splits.label_names[label] for label in splits.test.labels]
