@@ -600,25 +600,6 @@ def test_pytorch_artifacts_are_plain_tensors_with_their_recipe(tiny_bert, val_da
         assert any(stored.get_tensor(key).dtype == torch.int8 for key in stored.keys())
 
 
-def test_a_quantised_artifact_saved_by_torch_save_still_loads(tiny_bert, tmp_path):
-    """Quantised artifacts made before they were safetensors (torch.save of the state dict and
-    the recipe) load as before, to the same model as the safetensors file."""
-    from tuner.backends.int8_dynamic import _quantize
-    from tuner.backends.torch_files import RECIPE_KEY, load_quantized, save_quantized
-
-    quantized = _quantize(tiny_bert)
-    earlier = tmp_path / "model.int8.pt"
-    torch.save({RECIPE_KEY: TINY_BERT.to_json(), "state_dict": quantized.state_dict()}, earlier)
-    now = save_quantized(quantized, TINY_BERT, tmp_path / "model.int8.safetensors")
-    ids = torch.randint(0, 100, (2, 12))
-    mask = torch.ones_like(ids)
-    with torch.inference_mode():
-        expected = quantized(ids, mask)
-        for artifact in (earlier, now):
-            loaded = load_quantized(artifact, lambda model, saved: _quantize(model))
-            torch.testing.assert_close(loaded(ids, mask), expected, rtol=0, atol=0)
-
-
 class _RunsCode:
     def __reduce__(self):
         return (print, ("this must never run",))

@@ -21,7 +21,7 @@ from tuner.backends import BACKENDS, unavailable_backends
 from tuner.deploy import convert
 from tuner.modalities.image import ImageModality
 from tuner.modalities.text import TextModality
-from tuner.serving import LOADER_FILE, PointModel, PointSpec, deploy_config, log_point_model
+from tuner.serving import PointModel, PointSpec, deploy_config, log_point_model
 from tuner.training import collect_logits
 
 # Raw texts of very different lengths, more of them than one evaluation batch, so that batches
@@ -99,8 +99,8 @@ def _assert_no_pickle(model_dir: Path) -> None:
                     assert not _is_pickle(zipped.read(member)[:64]), f"{path}: {member}"
     pyfunc = mlflow.models.Model.load(str(model_dir)).flavors["python_function"]
     assert "python_model" not in pyfunc
-    assert pyfunc["model_code_path"].endswith(LOADER_FILE.name)
-    assert (model_dir / LOADER_FILE.name).read_text() == LOADER_FILE.read_text()
+    code_file = model_dir / Path(pyfunc["model_code_path"]).name
+    assert code_file.suffix == ".py" and "mlflow.models.set_model(" in code_file.read_text()
 
 
 def _log(tracking, converted, name, modality, items, label_names, tmp_path):
@@ -224,3 +224,22 @@ def test_a_model_logged_with_a_pickle_loads_as_one_from_code(
     params = {"latency.batch_size": "1", "latency.seq_len": "16", "latency.num_threads": "2"}
     for uri in (old_uri, new_uri):
         assert profile_logged(uri, TEXTS, params).profile.total_ms > 0
+
+
+def test_a_quantised_artifact_saved_by_torch_save_still_loads(tiny_bert, tmp_path):
+    """Quantised artifacts made before they were safetensors (torch.save of the state dict and
+    the recipe) load as before, to the same model as the safetensors file."""
+    from tuner.backends.int8_dynamic import _quantize
+    from tuner.backends.torch_files import RECIPE_KEY, load_quantized, save_quantized
+
+    quantized = _quantize(tiny_bert)
+    earlier = tmp_path / "model.int8.pt"
+    torch.save({RECIPE_KEY: TINY_BERT.to_json(), "state_dict": quantized.state_dict()}, earlier)
+    now = save_quantized(quantized, TINY_BERT, tmp_path / "model.int8.safetensors")
+    ids = torch.randint(0, 100, (2, 12))
+    mask = torch.ones_like(ids)
+    with torch.inference_mode():
+        expected = quantized(ids, mask)
+        for artifact in (earlier, now):
+            loaded = load_quantized(artifact, lambda model, saved: _quantize(model))
+            torch.testing.assert_close(loaded(ids, mask), expected, rtol=0, atol=0)

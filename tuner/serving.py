@@ -198,7 +198,9 @@ def _names_point_model(pickled: Path) -> bool:
         strings = {arg for _, arg, _ in pickletools.genops(pickled.read_bytes())}
     except (ValueError, EOFError):
         return False
-    return {PointModel.__module__, PointModel.__qualname__} <= strings
+    module, name = PointModel.__module__, PointModel.__qualname__
+    # Protocol 4 and later push the module and the name; earlier ones name both in one GLOBAL.
+    return {module, name} <= strings or f"{module} {name}" in strings
 
 
 def _as_code_model(local: Path) -> None:
