@@ -1,7 +1,12 @@
 """What ships is what was measured: for every backend this machine runs, the logged MLflow model
-classifies raw validation examples exactly as the deployment that measured the point did."""
+classifies raw validation examples exactly as the deployment that measured the point did. A
+logged model holds no pickle, and models logged with a pickle by earlier versions still load."""
 
 from __future__ import annotations
+
+import pickletools
+import zipfile
+from pathlib import Path
 
 import mlflow
 import numpy as np
@@ -16,7 +21,7 @@ from tuner.backends import BACKENDS, unavailable_backends
 from tuner.deploy import convert
 from tuner.modalities.image import ImageModality
 from tuner.modalities.text import TextModality
-from tuner.serving import PointSpec, deploy_config, log_point_model
+from tuner.serving import PointModel, PointSpec, deploy_config, log_point_model
 from tuner.training import collect_logits
 
 # Raw texts of very different lengths, more of them than one evaluation batch, so that batches
@@ -67,17 +72,40 @@ def text_point():
     return model, TINY_BERT, TextModality(tokenizer, 48)
 
 
-def _served_matches_measured(
-    name, model, recipe, modality, items, labels, label_names, serving_input, tracking, tmp_path
-):
-    client, experiment_id = tracking
-    example = modality.example(items, PROTOCOL)
-    encoded = modality.encode(items, labels)
-    calibration = [batch.inputs for batch in encoded.batches(32)][:2]
-    converted = convert(name, model, recipe, example, DEPLOY, tmp_path / name, calibration)
-    # The logits deployment measures the point's accuracy and agreement with.
-    measured = collect_logits(converted.logits_of, encoded)
+def _is_pickle(data: bytes) -> bool:
+    """Whether `data` starts as a pickle: its protocol opcode (2 to 5) and one more opcode that
+    parses, which tells it from a safetensors header length that begins with the same bytes."""
+    if len(data) < 3 or data[0] != 0x80 or data[1] not in range(2, 6):
+        return False
+    opcodes = pickletools.genops(data)
+    try:
+        next(opcodes)
+        next(opcodes)
+    except ValueError:
+        return False
+    return True
 
+
+def _assert_no_pickle(model_dir: Path) -> None:
+    """No file of the logged model is a pickle, nor a zip holding one (torch.save's format),
+    and MLflow builds its python model from a code file."""
+    for path in (p for p in model_dir.rglob("*") if p.is_file()):
+        assert path.suffix != ".pkl", path
+        assert not _is_pickle(path.read_bytes()[:64]), path
+        if zipfile.is_zipfile(path):
+            with zipfile.ZipFile(path) as zipped:
+                for member in zipped.namelist():
+                    assert not member.endswith(".pkl"), f"{path}: {member}"
+                    assert not _is_pickle(zipped.read(member)[:64]), f"{path}: {member}"
+    pyfunc = mlflow.models.Model.load(str(model_dir)).flavors["python_function"]
+    assert "python_model" not in pyfunc
+    code_file = model_dir / Path(pyfunc["model_code_path"]).name
+    assert code_file.suffix == ".py" and "mlflow.models.set_model(" in code_file.read_text()
+
+
+def _log(tracking, converted, name, modality, items, label_names, tmp_path):
+    """The point's model logged as a study logs it; returns its URI and its spec."""
+    client, experiment_id = tracking
     inputs_dir = tmp_path / "inputs"
     inputs_dir.mkdir(exist_ok=True)
     modality.save(inputs_dir)
@@ -95,6 +123,23 @@ def _served_matches_measured(
         "python -m tuner",
         converted.artifact.parent,
     )
+    return uri, spec
+
+
+def _served_matches_measured(
+    name, model, recipe, modality, items, labels, label_names, serving_input, tracking, tmp_path
+):
+    example = modality.example(items, PROTOCOL)
+    encoded = modality.encode(items, labels)
+    calibration = [batch.inputs for batch in encoded.batches(32)][:2]
+    converted = convert(name, model, recipe, example, DEPLOY, tmp_path / name, calibration)
+    # The logits deployment measures the point's accuracy and agreement with.
+    measured = collect_logits(converted.logits_of, encoded)
+
+    uri, spec = _log(tracking, converted, name, modality, items, label_names, tmp_path)
+    logged = tmp_path / "logged"
+    logged.mkdir()
+    _assert_no_pickle(Path(mlflow.artifacts.download_artifacts(uri, dst_path=str(logged))))
     served = mlflow.pyfunc.load_model(uri).predict(serving_input(items))
     best = torch.softmax(measured, dim=-1).max(dim=-1)
     assert list(served["label"]) == [spec.label_names[i] for i in best.indices.tolist()]
@@ -138,3 +183,63 @@ def test_served_image_model_reproduces_the_measured_logits(name, image_subject, 
         tracking,
         tmp_path,
     )
+
+
+def _log_the_earlier_way(monkeypatch) -> None:
+    """`log_point_model` as earlier versions logged: a pickled `PointModel` object in place of
+    the loader file, every other argument as it is."""
+    log = mlflow.models.Model.log.__func__
+
+    def pickled(cls, *args, **kwargs):
+        return log(cls, *args, **{**kwargs, "python_model": PointModel()})
+
+    monkeypatch.setattr(mlflow.models.Model, "log", classmethod(pickled))
+
+
+def test_a_model_logged_with_a_pickle_loads_as_one_from_code(
+    text_point, tracking, tmp_path, monkeypatch
+):
+    from tuner.insight.on_demand import profile_logged
+    from tuner.serving import load_point_model
+
+    model, recipe, modality = text_point
+    example = modality.example(TEXTS, PROTOCOL)
+    converted = convert("eager", model, recipe, example, DEPLOY, tmp_path / "eager")
+    labels = ["rotten", "fresh"]
+    new_uri, _ = _log(tracking, converted, "eager", modality, TEXTS, labels, tmp_path)
+    with monkeypatch.context() as patched:
+        _log_the_earlier_way(patched)
+        old_uri, _ = _log(tracking, converted, "eager", modality, TEXTS, labels, tmp_path)
+    old_conf = mlflow.models.Model.load(old_uri).flavors["python_function"]
+    assert old_conf["python_model"] == "python_model.pkl"
+
+    # MLflow refuses to unpickle, so whatever loads is read without the pickle.
+    monkeypatch.setenv("MLFLOW_ALLOW_PICKLE_DESERIALIZATION", "false")
+    texts = pd.DataFrame({"text": TEXTS})
+    old, new = load_point_model(old_uri), load_point_model(new_uri)
+    assert isinstance(old.unwrap_python_model(), PointModel)
+    assert list(old.predict(texts)["label"]) == list(new.predict(texts)["label"])
+    # The logged model itself is left as it was logged.
+    assert mlflow.models.Model.load(old_uri).flavors["python_function"] == old_conf
+    params = {"latency.batch_size": "1", "latency.seq_len": "16", "latency.num_threads": "2"}
+    for uri in (old_uri, new_uri):
+        assert profile_logged(uri, TEXTS, params).profile.total_ms > 0
+
+
+def test_a_quantised_artifact_saved_by_torch_save_still_loads(tiny_bert, tmp_path):
+    """Quantised artifacts made before they were safetensors (torch.save of the state dict and
+    the recipe) load as before, to the same model as the safetensors file."""
+    from tuner.backends.int8_dynamic import _quantize
+    from tuner.backends.torch_files import RECIPE_KEY, load_quantized, save_quantized
+
+    quantized = _quantize(tiny_bert)
+    earlier = tmp_path / "model.int8.pt"
+    torch.save({RECIPE_KEY: TINY_BERT.to_json(), "state_dict": quantized.state_dict()}, earlier)
+    now = save_quantized(quantized, TINY_BERT, tmp_path / "model.int8.safetensors")
+    ids = torch.randint(0, 100, (2, 12))
+    mask = torch.ones_like(ids)
+    with torch.inference_mode():
+        expected = quantized(ids, mask)
+        for artifact in (earlier, now):
+            loaded = load_quantized(artifact, lambda model, saved: _quantize(model))
+            torch.testing.assert_close(loaded(ids, mask), expected, rtol=0, atol=0)

@@ -38,6 +38,7 @@ from tuner.modalities import MODALITIES
 from tuner.recommend import DEFAULT_MAX_ACCURACY_DROP, Rule, recommend
 from tuner.retrain import override_keys
 from tuner.secrets import mask_url, mask_urls_in
+from tuner.serving import load_point_model
 from tuner.settings import (
     covered,
     settings_of,
@@ -185,7 +186,7 @@ def test_accuracy(
         f"Evaluating trial #{point.trial_number} ({point.backend}) on {len(splits.test)} "
         "held-out test examples ..."
     )
-    model = mlflow.pyfunc.load_model(point.model_uri)
+    model = load_point_model(point.model_uri)
     test_input = MODALITIES.get(splits.modality).serving_input(splits.test.items)
     predicted = model.predict(test_input)["label"].tolist()
     expected = [splits.label_names[label] for label in splits.test.labels]

@@ -7,11 +7,18 @@ image shape and normalisation), and `point.json` (backend, modality, labels, the
 the backend loads with). Serving runs the artifact
 through the same backend loader that deployment measured, so what is served is what was timed.
 The `tuner` package travels with the model as code, so `mlflow models serve` needs no checkout.
+
+Models are logged "from code": the model names `tuner/serving_model.py`, which MLflow runs to
+build the `PointModel`, and holds no pickle. Models logged earlier hold a pickled `PointModel`;
+`load_point_model` reads them the same way, from their artifacts, without unpickling anything.
 """
 
 from __future__ import annotations
 
 import json
+import pickletools
+import shutil
+import tempfile
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from importlib.metadata import PackageNotFoundError, version
@@ -21,11 +28,19 @@ from typing import Any
 import mlflow
 import pandas as pd
 import torch
+import yaml
 from mlflow.models import Model
+from mlflow.models.model import MLMODEL_FILE_NAME, MODEL_CODE_PATH
 from omegaconf import DictConfig, OmegaConf
 
 import tuner
 from tuner.modalities import Modality
+
+# The models-from-code file every point model is logged with.
+LOADER_FILE = Path(__file__).with_name("serving_model.py")
+# The pyfunc flavor's key for a pickled python model, and the artifacts a point model carries.
+_PICKLED = "python_model"
+_POINT_ARTIFACTS = {"model", "inputs", "point"}
 
 # What loading and running any backend's artifact imports, pinned to the versions that made it.
 _REQUIREMENTS = (
@@ -62,7 +77,11 @@ class PointSpec:
 
 
 class PointModel(mlflow.pyfunc.PythonModel):
-    """Classifies raw examples with one point's deployed artifact."""
+    """Classifies raw examples with one point's deployed artifact.
+
+    Models logged by earlier versions pickled an instance of this class by its name,
+    `tuner.serving.PointModel`: it stays importable under that name, stateless until
+    `load_context`, so that `mlflow models serve` still loads them."""
 
     def load_context(self, context) -> None:
         from tuner.backends import BACKENDS
@@ -135,7 +154,7 @@ def log_point_model(
         flavor=mlflow.pyfunc,
         run_id=run_id,
         model_id=logged.model_id,
-        python_model=PointModel(),
+        python_model=str(LOADER_FILE),
         artifacts={
             "model": str(artifact),
             "inputs": str(inputs_dir),
@@ -148,6 +167,58 @@ def log_point_model(
         metadata={"deploy.backend": spec.backend, "retrain": retrain_command},
     )
     return info.model_uri
+
+
+def load_point_model(model_uri: str) -> mlflow.pyfunc.PyFuncModel:
+    """The logged point model at `model_uri` as MLflow serves it, whichever version logged it,
+    with nothing unpickled: one logged with a pickled `PointModel` is read as a model from code
+    with the same artifacts."""
+    if not _pickled_point(Model.load(model_uri).flavors[mlflow.pyfunc.FLAVOR_NAME]):
+        return mlflow.pyfunc.load_model(model_uri)
+    # A copy of its own: a local artifact store hands out its files, which stay as logged.
+    local = Path(
+        mlflow.artifacts.download_artifacts(
+            artifact_uri=model_uri, dst_path=tempfile.mkdtemp(prefix="tuner-model-")
+        )
+    )
+    _as_code_model(local)
+    return mlflow.pyfunc.load_model(str(local))
+
+
+def _pickled_point(flavor: dict[str, Any]) -> bool:
+    """Whether the pyfunc flavor is an earlier version's: a pickled python model with a point's
+    artifacts."""
+    return _PICKLED in flavor and set(flavor.get("artifacts", {})) == _POINT_ARTIFACTS
+
+
+def _names_point_model(pickled: Path) -> bool:
+    """Whether the pickle builds a `tuner.serving.PointModel`, read from its opcodes, which
+    runs nothing; such a pickle holds no state (`load_context` builds it all)."""
+    try:
+        strings = {arg for _, arg, _ in pickletools.genops(pickled.read_bytes())}
+    except (ValueError, EOFError):
+        return False
+    module, name = PointModel.__module__, PointModel.__qualname__
+    # Protocol 4 and later push the module and the name; earlier ones name both in one GLOBAL.
+    return {module, name} <= strings or f"{module} {name}" in strings
+
+
+def _as_code_model(local: Path) -> None:
+    """Rewrite the model at `local` into a model from code: MLmodel names the loader file in
+    place of the pickle, which is removed so that nothing can read it."""
+    mlmodel = local / MLMODEL_FILE_NAME
+    conf = yaml.safe_load(mlmodel.read_text())
+    flavor = conf["flavors"][mlflow.pyfunc.FLAVOR_NAME]
+    pickled = local / flavor.pop(_PICKLED)
+    if not _names_point_model(pickled):
+        raise ValueError(f"{local}: its pickled python model is not a tuner point model")
+    pickled.unlink()
+    for key in ("cloudpickle_version", "compression"):
+        flavor.pop(key, None)
+    shutil.copyfile(LOADER_FILE, local / LOADER_FILE.name)
+    flavor["loader_module"] = "mlflow.pyfunc.loaders.code_model"
+    flavor[MODEL_CODE_PATH] = LOADER_FILE.name
+    mlmodel.write_text(yaml.safe_dump(conf, sort_keys=False))
 
 
 def deploy_config(cfg: DictConfig) -> dict[str, Any]:

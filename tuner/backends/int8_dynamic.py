@@ -32,7 +32,7 @@ def _quantize(model: nn.Module) -> nn.Module:
 
 
 def _export(model: nn.Module, ctx: ConversionContext) -> Path:
-    return save_quantized(_quantize(model), ctx.recipe, ctx.workdir / "model.int8.pt")
+    return save_quantized(_quantize(model), ctx.recipe, ctx.workdir / "model.int8.safetensors")
 
 
 def _load(artifact: Path, deploy: DictConfig) -> Logits:

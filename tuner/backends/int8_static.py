@@ -5,9 +5,9 @@ range seen in calibration (keeping it halved the largest logit error on a digits
 PyTorch's own qconfig for its x86 engine already calibrates activations to 7 bits, which keeps
 int8 products from saturating on CPUs without VNNI.
 
-The artifact is the quantised state dict, calibrated scales and zero points included, with the
-recipe and the input shape; loading quantises a freshly built float model the same way and then
-fills it, so nothing is calibrated again and nothing is unpickled.
+The artifact is the quantised state dict as safetensors, calibrated scales and zero points
+included, with the recipe and the input shape; loading quantises a freshly built float model
+the same way and then fills it, so nothing is calibrated again and nothing is unpickled.
 """
 
 from __future__ import annotations
@@ -83,9 +83,8 @@ def _export(model: nn.Module, ctx: ConversionContext) -> Path:
     quantized = _quantize(copy.deepcopy(model), example, calibration_batches(ctx))
     shapes = [list(t.shape) for t in example]
     dtypes = [str(t.dtype).removeprefix("torch.") for t in example]
-    return save_quantized(
-        quantized, ctx.recipe, ctx.workdir / "model.int8_static.pt", shapes=shapes, dtypes=dtypes
-    )
+    artifact = ctx.workdir / "model.int8_static.safetensors"
+    return save_quantized(quantized, ctx.recipe, artifact, shapes=shapes, dtypes=dtypes)
 
 
 def _rebuild(model: nn.Module, saved: dict[str, Any]) -> nn.Module:

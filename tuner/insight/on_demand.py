@@ -9,7 +9,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import mlflow
 import torch
 from omegaconf import OmegaConf
 from rich.table import Table
@@ -21,6 +20,7 @@ from tuner.insight.graph import GraphDump
 from tuner.insight.op_classes import op_class
 from tuner.insight.profile import OpProfile
 from tuner.latency import LatencyProtocol, pinned_threads
+from tuner.serving import load_point_model
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,7 @@ def profile_logged(
 ) -> OnDemand:
     """Profile the model at `model_uri` on inputs made of `items` in the shape its point was
     timed with (`protocol_params`: the point run's `latency.*` params)."""
-    served = mlflow.pyfunc.load_model(model_uri).unwrap_python_model()
+    served = load_point_model(model_uri).unwrap_python_model()
     backend = BACKENDS.get(served.spec.backend)
     protocol = LatencyProtocol(
         batch_size=int(protocol_params["latency.batch_size"]),
