@@ -47,15 +47,16 @@ AFTER = {
     "tuner/teacher_trial.py": WHOLE,
     "tuner/lease.py": WHOLE,
     "tuner/storage.py": ["RetryingStorage", "_retried", "_once", "_safe_to_repeat", "<loop>"]
-    + ["live_trial_numbers"],
+    + ["live_trial_numbers", "wait_out_unbeaten"],
     "tuner/retries.py": WHOLE,
-    "tuner/recovery.py": ["requeue", "StaleTrials"],
+    "tuner/recovery.py": ["requeue", "StaleTrials", "requeue_orphans"],
     "tuner/worker_loop.py": WHOLE,
     "tuner/study.py": ["_refuse_parallel_sqlite"],
     "tuner/trial.py": ["Objective._stored_teacher"],
     "tuner/teacher.py": ["TeacherMissing", "TeacherUnreachable", "FETCH_SECONDS", "_downloaded"]
     + ["_root_visible"],
-    "tuner/optuna_compat.py": ["beat_once", "stale_trial_ids", "unbeaten_trial_ids"],
+    "tuner/optuna_compat.py": ["beat_once", "stale_trial_ids", "unbeaten_trial_ids"]
+    + ["SingleAttemptRDBStorage"],
 }
 
 

@@ -3,8 +3,7 @@ the held-out test split, and export it.
 
 The study is found from the same config keys as `python -m tuner` (`+experiment=...`,
 `study.name`, `study.storage`, `tracking.uri`, `debug=smoke`), so the command that ran a study
-also reports on it. The study may still be running or have been resumed: only complete points
-are read.
+also reports on it, while it runs too: only complete points are read.
 """
 
 from __future__ import annotations
