@@ -60,7 +60,7 @@ def test_a_worker_whose_trial_another_worker_failed_goes_on(tmp_path):
 
     url = f"sqlite:///{tmp_path}/optuna.db"
     cell = fault_matrix.Cell("sqlite", url, f"sqlite:///{tmp_path}/mlflow.db", tmp_path, 400)
-    worker = cell.worker("a", "none", "train.distill.alpha=0", "debug.overrides.train.epochs=40")
+    worker = cell.worker("a", "none", "train.distill.alpha=0", "debug.overrides.train.epochs=5")
     assert worker.wait_for("training step", 300)
     storage = optuna.storages.RDBStorage(url)
     study_id = storage.get_study_id_from_name(fault_matrix.STUDY)

@@ -32,6 +32,7 @@ from tuner.teacher import (
     TeacherUnreachable,
     teacher_of,
 )
+from tuner.worker_loop import carry_on
 
 # (the claimed teacher trial) -> None: runs the objective on it and tells the study.
 RunTrial = Callable[[FrozenTrial], None]
@@ -47,9 +48,28 @@ def ensure_trained(
 ) -> None:
     """Return once the study's teacher is stored: train it in the trial this worker claims, or
     wait while another worker trains it. An attempt that fails for a reason while this runs
-    stops the study with it; one whose worker died is queued again."""
+    stops the study with it; one whose worker died is queued again. A database lost on the way
+    is waited for (`tuner.worker_loop.carry_on`)."""
     if teachers is None or teachers.params is None:
         return
+    while True:
+        try:
+            return _ensure_trained(study, leases, teachers, run_trial, poll_seconds, max_retry)
+        except StudyStopped:
+            raise
+        except Exception as error:
+            if not carry_on(study, error):
+                raise
+
+
+def _ensure_trained(
+    study: optuna.Study,
+    leases: Leases,
+    teachers: Teachers,
+    run_trial: RunTrial,
+    poll_seconds: float,
+    max_retry: int,
+) -> None:
     storage, study_id = storage_of(study), study_id_of(study)
     reference = str(teachers.reference)
     # Attempts that failed before this invocation are the user's to fix: they start a new one.
