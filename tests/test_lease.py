@@ -78,7 +78,10 @@ def test_a_killed_holder_s_lease_is_released_and_leaves_nothing(storage_url, tmp
         engine = sqlalchemy.create_engine(storage_url, poolclass=sqlalchemy.pool.NullPool)
         with engine.connect() as connection:
             held = connection.execute(
-                sqlalchemy.text("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'")
+                sqlalchemy.text(
+                    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND database = "
+                    "(SELECT oid FROM pg_database WHERE datname = current_database())"
+                )
             ).scalar()
         engine.dispose()
         assert held == 0
