@@ -258,3 +258,12 @@ def postgres_database(postgres_server, request) -> Callable[[str], str]:
                 sqlalchemy.text(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
             )
     admin.dispose()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def storage_url(request, tmp_path) -> str:
+    """A fresh Optuna storage URL of each kind workers share a study on: a SQLite file, and a
+    database of the private PostgreSQL server."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path}/optuna.db"
+    return request.getfixturevalue("postgres_database")("optuna")

@@ -16,13 +16,10 @@ pytestmark = pytest.mark.slow
 NOTHING_LOST = {"lost": 0, "twice": 0, "teachers": 1}
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def cell(request, tmp_path):
-    if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path}/optuna.db"
-    else:
-        url = request.getfixturevalue("postgres_database")("optuna")
-    return fault_matrix.Cell(request.param, url, f"sqlite:///{tmp_path}/mlflow.db", tmp_path, 400)
+@pytest.fixture
+def cell(storage_url, tmp_path):
+    kind = storage_url.split(":", 1)[0].split("+", 1)[0]
+    return fault_matrix.Cell(kind, storage_url, f"sqlite:///{tmp_path}/mlflow.db", tmp_path, 400)
 
 
 def test_a_worker_killed_before_its_trial_s_first_heartbeat_leaves_nothing_waiting(cell):

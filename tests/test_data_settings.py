@@ -51,18 +51,26 @@ def _study(tmp_path, name: str = STUDY) -> optuna.Study:
     )
 
 
+def _points_then_seed_change(tmp_path, *points: tuple[float, float]) -> optuna.Study:
+    """A study with `points` (accuracy, latency) made on data.split_seed=0 before points
+    recorded their data settings, then data.split_seed changed to 1."""
+    study = _study(tmp_path)
+    study.set_user_attr(SETTINGS_ATTR, _settings())
+    for accuracy, latency in points:
+        _point(study, accuracy, latency)
+    study.set_user_attr(SETTINGS_ATTR, _settings("data.split_seed=1"))
+    change = _change("data.split_seed", 0, 1, after_trials=len(points))
+    study.set_user_attr(CHANGES_ATTR, [change])
+    return study
+
+
 @pytest.fixture
 def split_changed(tmp_path) -> optuna.Study:
     """Trials 0 and 1 made on data.split_seed=0 before points recorded their data settings;
     then data.split_seed changed to 1; trial 2 made after the change without a record (an older
     version), trial 3 recording today's settings, trial 4 recording other ones (made by a
     worker still given the old seed). Trial 4 and trial 1 dominate trial 2 and trial 3."""
-    study = _study(tmp_path)
-    study.set_user_attr(SETTINGS_ATTR, _settings())
-    _point(study, 0.95, 10.0)
-    _point(study, 0.90, 5.0)
-    study.set_user_attr(SETTINGS_ATTR, _settings("data.split_seed=1"))
-    study.set_user_attr(CHANGES_ATTR, [_change("data.split_seed", 0, 1, after_trials=2)])
+    study = _points_then_seed_change(tmp_path, (0.95, 10.0), (0.90, 5.0))
     _point(study, 0.85, 8.0)
     _point(study, 0.80, 4.0, **{DATA_SETTINGS: _fingerprint(_settings("data.split_seed=1"))})
     _point(study, 0.99, 1.0, **{DATA_SETTINGS: _fingerprint(_settings())})
@@ -128,12 +136,7 @@ def _report(tmp_path, capsys, *args: str) -> tuple[int, str, str]:
 
 
 def test_the_report_refuses_when_every_point_was_trained_on_another_split(tmp_path, capsys):
-    study = _study(tmp_path)
-    study.set_user_attr(SETTINGS_ATTR, _settings())
-    _point(study, 0.9, 5.0)
-    _point(study, 0.8, 4.0)
-    study.set_user_attr(SETTINGS_ATTR, _settings("data.split_seed=1"))
-    study.set_user_attr(CHANGES_ATTR, [_change("data.split_seed", 0, 1, after_trials=2)])
+    _points_then_seed_change(tmp_path, (0.9, 5.0), (0.8, 4.0))
     status, out, err = _report(tmp_path, capsys)
     assert status == 2, out
     assert "no point trained on its current data settings" in err

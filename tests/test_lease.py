@@ -39,43 +39,39 @@ def _holder(
     return subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def storage_url(request, tmp_path):
-    if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path}/optuna.db"
-    else:
-        url = request.getfixturevalue("postgres_database")("lease")
-    optuna.create_study(storage=url, study_name="s")
-    return url
+@pytest.fixture
+def study_url(storage_url):
+    optuna.create_study(storage=storage_url, study_name="s")
+    return storage_url
 
 
 @pytest.mark.skipif(shutil.which("faketime") is None, reason="needs Debian's faketime")
-def test_a_worker_whose_clock_is_5_s_behind_waits_for_the_holder(storage_url, tmp_path):
+def test_a_worker_whose_clock_is_5_s_behind_waits_for_the_holder(study_url, tmp_path):
     # Timestamped claims let such a worker in at once: its claim looked the earlier one.
     log = tmp_path / "log"
-    first = _holder(storage_url, log, 2.0, "a")
+    first = _holder(study_url, log, 2.0, "a")
     assert first.stdout is not None and first.stdout.readline() == "held\n"
-    second = _holder(storage_url, log, 0.5, "b", clock_offset="-5s")
+    second = _holder(study_url, log, 0.5, "b", clock_offset="-5s")
     for worker in (first, second):
         assert worker.wait(timeout=60) == 0
     assert log.read_text().split() == ["in", "a", "out", "a", "in", "b", "out", "b"]
 
 
-def test_a_killed_holder_s_lease_is_released_and_leaves_nothing(storage_url, tmp_path):
+def test_a_killed_holder_s_lease_is_released_and_leaves_nothing(study_url, tmp_path):
     log = tmp_path / "log"
-    first = _holder(storage_url, log, 600.0, "a")
+    first = _holder(study_url, log, 600.0, "a")
     assert first.stdout is not None and first.stdout.readline() == "held\n"
     first.send_signal(signal.SIGKILL)
     first.wait(timeout=30)
     started = time.monotonic()
-    second = _holder(storage_url, log, 0.0, "b")
+    second = _holder(study_url, log, 0.0, "b")
     assert second.wait(timeout=60) == 0
     assert time.monotonic() - started < 30
     assert log.read_text().split() == ["in", "a", "in", "b", "out", "b"]
     # No claim or lock record stays: not in the study, not in the database's lock table.
-    assert optuna.load_study(study_name="s", storage=storage_url).user_attrs == {}
-    if storage_url.startswith("postgresql"):
-        engine = sqlalchemy.create_engine(storage_url, poolclass=sqlalchemy.pool.NullPool)
+    assert optuna.load_study(study_name="s", storage=study_url).user_attrs == {}
+    if study_url.startswith("postgresql"):
+        engine = sqlalchemy.create_engine(study_url, poolclass=sqlalchemy.pool.NullPool)
         with engine.connect() as connection:
             held = connection.execute(
                 sqlalchemy.text(

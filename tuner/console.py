@@ -196,13 +196,6 @@ def trial_failed(trial_number: int, reason: str, error: BaseException) -> None:
         print(mask_urls_in("".join(traceback.format_exception(error))), file=sys.stderr)
 
 
-def unbeaten_trials(count: int, grace_period: int) -> None:
-    console.print(
-        f"{count} running trial(s) of this study never sent a heartbeat: waiting up to "
-        f"{grace_period} s (study.heartbeat.grace_period) to see whether a worker runs them"
-    )
-
-
 def stale_trial(trial_number: int, reason: str) -> None:
     console.print(f"  [yellow]trial #{trial_number} failed: {reason}[/]")
 
@@ -262,20 +255,6 @@ def database_retry(operation: str, error: str, seconds: float) -> None:
     console.print(
         f"  [yellow]database unavailable during {operation} ({error}); retrying for up to "
         f"{seconds:.0f} s[/]"
-    )
-
-
-def database_lost(error: str) -> None:
-    console.print(
-        f"  [yellow]the database was lost mid-call ({error}); waiting for it to answer, then "
-        "going on (a trial the call left half-made is found stale and queued again)[/]"
-    )
-
-
-def trial_taken(error: str) -> None:
-    console.print(
-        f"  [yellow]this worker's trial was failed by another worker that found it silent "
-        f"({error}); that worker queued it again, unless its retries were used up[/]"
     )
 
 

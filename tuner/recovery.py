@@ -155,6 +155,11 @@ class StaleTrials:
         console.stale_trial(trial.number, reason)
 
 
+def died(trial: FrozenTrial) -> bool:
+    """Failed without a reason of tuner's own: its worker was found dead, or interrupted."""
+    return trial.state == optuna.trial.TrialState.FAIL and FAIL_REASON_ATTR not in trial.user_attrs
+
+
 def requeue_orphans(
     leases: Leases, storage: optuna.storages.BaseStorage, study_id: int, max_retry: int
 ) -> None:
@@ -164,10 +169,5 @@ def requeue_orphans(
     trials = storage.get_all_trials(study_id, deepcopy=False)
     retried = retried_numbers(trials)
     for trial in trials:
-        if (
-            trial.state == optuna.trial.TrialState.FAIL
-            and FAIL_REASON_ATTR not in trial.user_attrs
-            and trial.number not in retried
-            and is_configuration(trial)
-        ):
+        if died(trial) and trial.number not in retried and is_configuration(trial):
             requeue(leases, storage, study_id, trial, max_retry)

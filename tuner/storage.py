@@ -119,7 +119,9 @@ class RetryingStorage(BaseStorage, BaseHeartbeat):
         if self.grace_period is None:
             return stale
         now = time.monotonic()
-        unbeaten = call_with_retries(unbeaten_trial_ids, self.inner, study_id)
+        unbeaten = call_with_retries(
+            unbeaten_trial_ids, self.inner, study_id, seconds=self.retry_seconds
+        )
         self.unbeaten_since = {i: self.unbeaten_since.get(i, now) for i in unbeaten}
         return stale + [
             i for i, seen in self.unbeaten_since.items() if now - seen > self.grace_period
@@ -138,7 +140,11 @@ def wait_out_unbeaten(storage: BaseStorage, study_id: int) -> None:
         if not waiting:
             return
         if not told:
-            console.unbeaten_trials(len(waiting), storage.grace_period)
+            console.console.print(
+                f"{len(waiting)} running trial(s) of this study never sent a heartbeat: waiting "
+                f"up to {storage.grace_period} s (study.heartbeat.grace_period) to see whether "
+                "a worker runs them"
+            )
             told = True
         time.sleep(1.0)
 

@@ -22,7 +22,7 @@ from tuner.errors import StudyStopped
 from tuner.front import FAIL_REASON_ATTR
 from tuner.lease import Leases
 from tuner.optuna_compat import beat_once, storage_of, study_id_of, trial_id_of
-from tuner.recovery import raise_if_interrupted, requeue
+from tuner.recovery import died, raise_if_interrupted, requeue
 from tuner.teacher import (
     KEY,
     STORED_ATTR,
@@ -117,16 +117,14 @@ def _ensure_trained(
                 told_waiting = True
             optuna.storages.fail_stale_trials(study)
             time.sleep(poll_seconds)
-        elif _died(latest) and requeue(leases, storage, study_id, latest, max_retry):
+        elif died(latest) and requeue(leases, storage, study_id, latest, max_retry):
             continue  # queued again (by this worker, or by the one that found it stale)
         else:
             attrs = latest.user_attrs
             reason = (
                 attrs.get(FAIL_REASON_ATTR)
                 or attrs.get(budget.SKIPPED_ATTR)
-                or (
-                    f"its worker died {max_retry + 1} times" if _died(latest) else latest.state.name
-                )
+                or (f"its worker died {max_retry + 1} times" if died(latest) else latest.state.name)
             )
             raise StudyStopped(
                 f"the distillation teacher ({KEY}={teachers.reference}, trial "
@@ -187,11 +185,6 @@ def _queue_attempt(
             system_attrs={TRIAL_ATTR: {"reference": reference, "params": teachers.params}},
         )
         storage.create_new_trial(study_id, template_trial=template)
-
-
-def _died(trial: FrozenTrial) -> bool:
-    """Failed without a reason of tuner's own: its worker was found dead, or interrupted."""
-    return trial.state == TrialState.FAIL and FAIL_REASON_ATTR not in trial.user_attrs
 
 
 def _claim(storage: optuna.storages.BaseStorage, trial: FrozenTrial) -> bool:

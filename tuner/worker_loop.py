@@ -84,11 +84,18 @@ def carry_on(study: optuna.Study, error: Exception) -> bool:
     failed as stale meanwhile (it is queued again), or a database lost mid-call, once it
     answers again (raising if it does not within `RETRY_SECONDS`)."""
     if taken(error):
-        console.trial_taken(str(error))
+        console.console.print(
+            f"  [yellow]this worker's trial was failed by another worker that found it silent "
+            f"({error}); that worker queued it again, unless its retries were used up[/]"
+        )
         return True
     if not is_transient(error):
         return False
-    console.database_lost(f"{type(error).__name__}: {str(error).splitlines()[0][:200]}")
+    first_line = f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
+    console.console.print(
+        f"  [yellow]the database was lost mid-call ({first_line}); waiting for it to answer, "
+        "then going on (a trial the call left half-made is found stale and queued again)[/]"
+    )
     time.sleep(1.0)
     call_with_retries(study.get_trials, deepcopy=False, seconds=RETRY_SECONDS)
     return True
