@@ -44,23 +44,24 @@ import optuna
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from tuner.backends import BACKENDS
-from tuner.backends.cpu import isa_flags
-from tuner.config import compose_config
+from tuner.config import SearchSpace, compose_config
 from tuner.console import quiet_libraries
-from tuner.constraints import baseline_of
 from tuner.data import load_splits
-from tuner.deploy import check_outputs, convert, graph_of, profile_of, reference_of
+from tuner.deploy import BACKENDS, check_outputs, convert, graph_of, profile_of, reference_of
 from tuner.edits import apply_edits
 from tuner.errors import ConfigError
-from tuner.front import study_points
-from tuner.insight.measure import flops_per_call, measure_peak
-from tuner.insight.op_classes import OP_CLASSES
-from tuner.insight.roofline import MachinePeak, roofline
-from tuner.latency import LatencyProtocol, LatencyResult, cpu_model, time_rounds
-from tuner.models import build_model
-from tuner.recipe import ModelRecipe
-from tuner.space import SearchSpace
+from tuner.front import baseline_of, study_points
+from tuner.insight import OP_CLASSES, MachinePeak, roofline
+from tuner.latency import (
+    LatencyProtocol,
+    LatencyResult,
+    cpu_model,
+    flops_per_call,
+    isa_flags,
+    measure_peak,
+    time_rounds,
+)
+from tuner.models import ModelRecipe, build_model
 from tuner.study import calibration_inputs, check_backends, modality_for
 from tuner.training import batch_loss, collect_logits, initialise_new_layers, train
 

@@ -13,17 +13,14 @@ from dataclasses import dataclass
 import torch
 from omegaconf import DictConfig
 
-from tuner.config import apply_debug, compose_config, resolve
-from tuner.data import Splits, load_splits
-from tuner.data.batches import Encoded
+from tuner.config import SearchSpace, apply_debug, compose_config, resolve
+from tuner.data import Encoded, Splits, load_splits
 from tuner.modalities import Modality
-from tuner.model_factory import untrained_model
 from tuner.models import build_model
-from tuner.retrain import override_keys
-from tuner.space import SearchSpace
 from tuner.study import modality_for
-from tuner.training import TrainResult, batch_loss, train
-from tuner.training.distill import Distillation
+from tuner.tracking import override_keys
+from tuner.training import Distillation, TrainResult, batch_loss, train
+from tuner.trial import untrained_model
 
 
 @dataclass(frozen=True)

@@ -32,9 +32,8 @@ import yaml
 from bench_common import StudyData, spread, study_data, train_as_a_trial
 from omegaconf import OmegaConf
 
-from tuner.backends.cpu import isa_flags
-from tuner.latency import cpu_model
-from tuner.training.distill import Distillation
+from tuner.latency import cpu_model, isa_flags
+from tuner.training import Distillation
 
 
 def parse_args() -> argparse.Namespace:

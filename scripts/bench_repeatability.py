@@ -39,23 +39,20 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from tuner.backends import BACKENDS
-from tuner.backends.cpu import isa_flags
-from tuner.config import compose_config
+from tuner.config import SearchSpace, compose_config
 from tuner.console import quiet_libraries
 from tuner.data import load_splits
-from tuner.deploy import convert
+from tuner.deploy import BACKENDS, convert
 from tuner.edits import apply_edits
 from tuner.latency import (
     LATENCY_STATISTICS,
     LatencyProtocol,
     LatencyResult,
     cpu_model,
+    isa_flags,
     time_rounds,
 )
-from tuner.models import build_model
-from tuner.recipe import ModelRecipe
-from tuner.space import SearchSpace
+from tuner.models import ModelRecipe, build_model
 from tuner.study import calibration_inputs, modality_for
 
 # A later measurement within this fraction of an earlier one counts as "the same latency".

@@ -38,12 +38,9 @@ from pathlib import Path
 import numpy as np
 import optuna
 
-from tuner.backends.cpu import isa_flags
-from tuner.constraints import Constraints
-from tuner.front import study_points
-from tuner.latency import cpu_model
-from tuner.pareto import hypervolume
-from tuner.settings import stored_settings
+from tuner.front import Constraints, hypervolume, study_points
+from tuner.latency import cpu_model, isa_flags
+from tuner.store import stored_settings
 
 STUDY = "bench_search"
 DEFAULT_STUDY = [

@@ -24,10 +24,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from tuner.backends.cpu import isa_flags
-from tuner.latency import cpu_model, pinned_threads
-from tuner.steadiness import fastest_call_ms, reference_for, steady_rounds
-from tuner.stored_front import study_front
+from tuner.latency import (
+    cpu_model,
+    fastest_call_ms,
+    isa_flags,
+    pinned_threads,
+    reference_for,
+    steady_rounds,
+)
+from tuner.study import study_front
 
 # A window within this fraction of the point's fastest counts as near it.
 _NEAR = 0.10

@@ -27,8 +27,7 @@ import torch
 from bench_common import StudyData, spread, study_data, train_as_a_trial
 from omegaconf import OmegaConf
 
-from tuner.backends.cpu import isa_flags
-from tuner.latency import cpu_model
+from tuner.latency import cpu_model, isa_flags
 from tuner.training import Placement
 
 

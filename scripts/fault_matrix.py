@@ -249,8 +249,7 @@ def outcome(url: str, tracking: str) -> dict[str, int]:
     import optuna
     from mlflow import MlflowClient
 
-    from tuner import budget
-    from tuner.front import FAIL_REASON_ATTR
+    from tuner.store import FAIL_REASON_ATTR, budget
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     trials = optuna.load_study(study_name=STUDY, storage=url).get_trials(deepcopy=False)

@@ -259,7 +259,7 @@ def main() -> None:
         have.pop(name, None)
 
     from tuner.config import compose_config
-    from tuner.data.rotten_tomatoes import WHEEL_NAME, wheel_path
+    from tuner.data import WHEEL_NAME, wheel_path
     from tuner.models import resolve_name_or_path
 
     wheels, cache, minilm = dest / "wheels", dest / "cache", dest / "models" / "minilm"

@@ -30,12 +30,10 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from tuner import console
-from tuner.backends.cpu import isa_flags
-from tuner.latency import LatencyResult, cpu_model, time_rounds
-from tuner.latency_table import LatencyTable
-from tuner.retime import Target
-from tuner.stored_front import study_front
+from tuner.latency import LatencyResult, cpu_model, isa_flags, time_rounds
+from tuner.latency import messages as latency_messages
+from tuner.store import LatencyTable
+from tuner.study import Target, study_front
 
 # A move smaller than this counts as holding still (the goal in docs/benchmarks.md).
 _WITHIN_PCT = 10.0
@@ -66,7 +64,10 @@ def main(argv: list[str]) -> None:
                 time.sleep(args.interval)
             timed.append(
                 time_rounds(
-                    rebuilt.loaded, front.example, protocol, on_set_aside=console.rounds_set_aside
+                    rebuilt.loaded,
+                    front.example,
+                    protocol,
+                    on_set_aside=latency_messages.rounds_set_aside,
                 ).rounds
             )
     print(f"CPU: {cpu_model()}; flags: {isa_flags()}")

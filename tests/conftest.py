@@ -13,13 +13,13 @@ import torch
 from omegaconf import OmegaConf
 from torch import nn
 
-from tuner.backends import BACKENDS, ExampleInputs
-from tuner.backends.compiled import INDUCTOR_KERNELS
-from tuner.data.batches import Encoded
+from tuner.data.batches import Encoded, ExampleInputs
 from tuner.data.tokens import TokenizedTexts
-from tuner.latency import LatencyProtocol
+from tuner.deploy.backends import BACKENDS
+from tuner.deploy.backends.compile import INDUCTOR_KERNELS
+from tuner.latency.protocol import LatencyProtocol
 from tuner.models.hf_encoder import SequenceClassifier
-from tuner.recipe import ModelRecipe
+from tuner.models.recipe import ModelRecipe
 
 REPO = Path(__file__).resolve().parent.parent
 # Backends whose conversion compiles with Inductor (their points have no graph for that
@@ -32,8 +32,8 @@ COMPILING = frozenset(
 
 def listed_backends(*overrides: str) -> list[str]:
     """The backends a composed experiment lists under `deploy.backend`."""
-    from tuner.config import compose_config
-    from tuner.space import parse_expression
+    from tuner.config.compose import compose_config
+    from tuner.config.space import parse_expression
 
     cfg = compose_config(list(overrides))
     listed = parse_expression("deploy.backend", cfg.search_space["deploy.backend"])
@@ -43,7 +43,7 @@ def listed_backends(*overrides: str) -> list[str]:
 def runnable_backends(*overrides: str) -> list[str]:
     """The backends a composed experiment lists that this machine runs, by the registry's own
     availability checks: what a study on this machine deploys every trained model on."""
-    from tuner.backends import unavailable_backends
+    from tuner.deploy.backends import unavailable_backends
 
     listed = listed_backends(*overrides)
     left_out = unavailable_backends(listed)

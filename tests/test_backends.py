@@ -13,10 +13,11 @@ import torch
 from conftest import COMPILING, PROTOCOL, TINY_BERT, Subject
 from omegaconf import OmegaConf
 
-from tuner.backends import BACKENDS, Backend, ExampleInputs
+from tuner.data.batches import ExampleInputs
 from tuner.data.tokens import TokenizedTexts
-from tuner.deploy import convert, deploy_on, reference_of
-from tuner.recipe import ModelRecipe
+from tuner.deploy.backends import BACKENDS, Backend
+from tuner.deploy.pipeline import convert, deploy_on, reference_of
+from tuner.models.recipe import ModelRecipe
 
 # Largest |logit - eager logit| each backend may show on each tiny model. A new backend must
 # state its own here, for every modality it deploys.
@@ -233,7 +234,7 @@ def test_a_failing_profiler_or_graph_dump_leaves_the_point_with_the_reason(
 
 
 def test_static_int8_is_calibrated_on_training_batches(image_subject, tmp_path):
-    from tuner.backends.base import ConversionContext
+    from tuner.deploy.backends.base import ConversionContext
 
     backend = BACKENDS.get("int8_static")
     if backend.unavailable_reason():
@@ -261,8 +262,8 @@ def test_static_int8_is_calibrated_on_training_batches(image_subject, tmp_path):
 def test_backends_of_one_model_share_its_exported_and_fused_graphs(
     text_subject, tmp_path, monkeypatch
 ):
-    from tuner.backends import fusion, onnx_export
-    from tuner.deploy import convert
+    from tuner.deploy.backends.support import fusion, onnx_export
+    from tuner.deploy.pipeline import convert
 
     made: list[str] = []
 
@@ -300,8 +301,8 @@ def test_backends_of_one_model_share_its_exported_and_fused_graphs(
 
 
 def test_a_shared_graph_that_fails_to_be_made_leaves_nothing_to_reuse(text_subject, tmp_path):
-    from tuner.backends.base import ConversionContext
-    from tuner.backends.onnx_export import shared_graph
+    from tuner.deploy.backends.base import ConversionContext
+    from tuner.deploy.backends.support.onnx_export import shared_graph
 
     context = ConversionContext(
         text_subject.example, tmp_path, DEPLOY, text_subject.recipe, shared=tmp_path / "shared"
@@ -358,7 +359,7 @@ def test_fused_text_backends_fuse_each_layer_and_say_so(text_subject, tmp_path):
     assert text_subject.model.encoder.config._attn_implementation == own_attention != "eager"
     # A graph exported as it is for plain ONNX Runtime fuses nothing, and a report on it says
     # that its attention is not fused.
-    from tuner.backends.fusion import fusion_report
+    from tuner.deploy.backends.support.fusion import fusion_report
 
     plain = _deploy_subject("onnxruntime", text_subject, tmp_path / "plain")
     assert fusion_report(plain.artifact, "text") == {"fused_ops": {}, "attention_fused": False}
@@ -369,7 +370,7 @@ def test_fused_text_backends_fuse_each_layer_and_say_so(text_subject, tmp_path):
 def test_merged_qkv_computes_each_attention_layer_s_projections_in_one_matmul(
     text_subject, image_subject, tmp_path
 ):
-    from tuner.backends.base import ConversionContext
+    from tuner.deploy.backends.base import ConversionContext
 
     result = _deploy_subject("merged_qkv", text_subject, tmp_path / "text")
     assert result.error is None, result.error
@@ -483,7 +484,7 @@ def test_mixed_precision_keeps_the_layer_int8_hurts_most_in_fp32(text_subject, t
     import onnxruntime as ort
     from onnxruntime.quantization import quantize_dynamic
 
-    from tuner.backends.onnx_export import int8_options
+    from tuner.deploy.backends.support.onnx_export import int8_options
 
     every_node = tmp_path / "every-node-int8.onnx"
     # The fp32 export it started from, in the directory the model's backends share.
@@ -507,7 +508,7 @@ def test_onnx_runtime_sessions_spin_only_where_the_config_says(allow_spinning, e
     import onnx
     from onnx import TensorProto, helper
 
-    from tuner.backends.onnx_export import open_session
+    from tuner.deploy.backends.support.onnx_export import open_session
 
     graph = helper.make_graph(
         [helper.make_node("Relu", ["x"], ["y"])],
@@ -561,8 +562,8 @@ def test_non_finite_outputs_fail_the_point(tiny_bert, val_data, monkeypatch, tmp
 def test_a_point_is_timed_with_no_memory_sampler_beside_it(text_subject, tmp_path):
     import threading
 
-    from tuner.latency import measure_latency
-    from tuner.memory import SAMPLER_THREAD
+    from tuner.latency.memory import SAMPLER_THREAD
+    from tuner.latency.protocol import measure_latency
 
     threads_while_timed = []
 
@@ -588,7 +589,7 @@ def test_export_error_is_kept_on_the_point(tiny_bert, val_data, tmp_path):
 def test_pytorch_artifacts_are_plain_tensors_with_their_recipe(tiny_bert, val_data, tmp_path):
     from safetensors import safe_open
 
-    from tuner.backends.torch_files import RECIPE_KEY
+    from tuner.deploy.backends.support.torch_files import RECIPE_KEY
 
     artifact = _deploy("eager", tiny_bert, val_data, tmp_path).artifact
     with safe_open(str(artifact), framework="pt") as stored:
@@ -608,7 +609,7 @@ class _RunsCode:
 def test_a_pickled_object_in_an_artifact_is_refused(tmp_path, capsys):
     import pickle
 
-    from tuner.backends.torch_files import RECIPE_KEY, load_quantized
+    from tuner.deploy.backends.support.torch_files import RECIPE_KEY, load_quantized
 
     bad = tmp_path / "model.int8.pt"
     torch.save({RECIPE_KEY: TINY_BERT.to_json(), "state_dict": _RunsCode()}, bad)
@@ -625,9 +626,9 @@ def test_a_pickled_object_in_an_artifact_is_refused(tmp_path, capsys):
     ],
 )
 def test_bad_mixed_precision_and_batching_settings_are_refused_at_start_up(override, named):
-    from tuner.config import compose_config
+    from tuner.config.compose import compose_config
     from tuner.errors import ConfigError
-    from tuner.study import prepare
+    from tuner.study.run import prepare
 
     args = ["+experiment=bert_ffn", "debug=smoke", override]
     with pytest.raises(ConfigError) as refused:

@@ -19,8 +19,9 @@ from conftest import (
 )
 from mlflow.tracking import MlflowClient
 
-from tuner.backends import BACKENDS as REGISTERED
-from tuner.front import LATENCY_KEY_ATTR, TEACHER_OF_ATTR, study_points
+from tuner.deploy.backends import BACKENDS as REGISTERED
+from tuner.front.points import study_points
+from tuner.store.keys import LATENCY_KEY_ATTR, TEACHER_OF_ATTR
 
 TrialState = optuna.trial.TrialState
 SMOKE = ("+experiment=bert_ffn", "debug=smoke")

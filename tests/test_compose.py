@@ -8,8 +8,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from tuner.checks import check_config
-from tuner.config import (
+from tuner.config.compose import (
     CONF_DIR,
     SEARCH_SPACE_DIR,
     apply_debug,
@@ -18,8 +17,9 @@ from tuner.config import (
     resolve,
     search_space_sources,
 )
+from tuner.config.space import build_search_space
 from tuner.errors import ConfigError
-from tuner.space import build_search_space
+from tuner.study.checks import check_config
 
 EXPERIMENTS = sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
 SPACE_FILES = sorted(SEARCH_SPACE_DIR.glob("*.yaml"))

@@ -6,10 +6,10 @@ import optuna
 import pytest
 from omegaconf import OmegaConf
 
-from tuner.constraints import Constraints
-from tuner.convergence import REFERENCE_ATTR, convergence
-from tuner.front import study_points
-from tuner.pareto import hypervolume
+from tuner.front.constraints import Constraints
+from tuner.front.convergence import REFERENCE_ATTR, convergence
+from tuner.front.pareto import hypervolume
+from tuner.front.points import study_points
 
 FIXED_LATENCY = OmegaConf.create({"val_accuracy": 0.5, "latency_ms_p50": None})
 

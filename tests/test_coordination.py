@@ -53,7 +53,7 @@ def test_a_worker_whose_trial_another_worker_failed_goes_on(tmp_path):
     # lapsed in a database outage) raised "Cannot tell a FAIL trial", and the worker crashed.
     import optuna
 
-    from tuner.budget import retry_template
+    from tuner.store.budget import retry_template
 
     url = f"sqlite:///{tmp_path}/optuna.db"
     cell = fault_matrix.Cell("sqlite", url, f"sqlite:///{tmp_path}/mlflow.db", tmp_path, 400)

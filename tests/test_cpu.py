@@ -11,13 +11,13 @@ import pytest
 from omegaconf import OmegaConf
 from optuna.distributions import CategoricalDistribution
 
-from tuner.backends.cpu import isa_flags, native_bf16_unavailable, onednn_isa_cap
-from tuner.backends.onnx_export import int8_options
-from tuner.checks import check_config
-from tuner.config import compose_config, resolve
+from tuner.config.compose import compose_config, resolve
+from tuner.config.space import SearchSpace
+from tuner.deploy.backends.support.onnx_export import int8_options
 from tuner.errors import ConfigError
-from tuner.space import SearchSpace
-from tuner.study import check_same_space
+from tuner.latency.machine import isa_flags, native_bf16_unavailable, onednn_isa_cap
+from tuner.study.checks import check_config
+from tuner.study.run import check_same_space
 
 
 def _flags() -> set[str]:
@@ -142,8 +142,8 @@ def test_resume_that_drops_a_searched_key_is_refused():
 
 
 def test_an_unknown_cpu_is_treated_as_the_lowest_common_denominator(monkeypatch, capsys):
-    from tuner.backends import cpu
-    from tuner.study import runnable_backends
+    from tuner.latency import machine as cpu
+    from tuner.study.run import runnable_backends
 
     assert cpu.unknown_cpu_notice() is None  # this machine's flags can be read
     monkeypatch.setattr(cpu, "cpu_flags", lambda: frozenset())

@@ -12,9 +12,9 @@ import optuna
 import pytest
 from conftest import run_cli
 
-from tuner.config import compose_config, resolve
-from tuner.front import study_points
-from tuner.settings import CHANGES_ATTR, SETTINGS_ATTR, settings_of
+from tuner.config.compose import compose_config, resolve
+from tuner.front.points import study_points
+from tuner.store.settings import CHANGES_ATTR, SETTINGS_ATTR, settings_of
 
 SMOKE = ["+experiment=bert_ffn", "debug=smoke"]
 STUDY = "bert_ffn-smoke"
@@ -86,7 +86,7 @@ def test_the_front_holds_only_points_of_the_current_split(split_changed):
 
 
 def test_the_points_left_out_are_counted_and_the_change_named(split_changed):
-    from tuner.data_settings import current_split
+    from tuner.store.data_settings import current_split
 
     split = current_split(split_changed.get_trials(), split_changed.user_attrs)
     assert split.left_out == (0, 1, 4)
@@ -177,7 +177,7 @@ def runs(tmp_path):
 
 
 def _logged_point(run_id: str):
-    from tuner.front import Point
+    from tuner.front.points import Point
 
     return Point(0, "eager", 0.8, 1.0, 1.0, 1.0, 0, model_uri="runs:/x/model", mlflow_run_id=run_id)
 

@@ -13,10 +13,10 @@ from omegaconf import OmegaConf
 from tuner.data.batches import Batch
 from tuner.data.tokens import TokenizedTexts
 from tuner.models import build_model
-from tuner.teacher import student_of
 from tuner.training import batch_loss, collect_logits, train
 from tuner.training.distill import Distillation, LayerOutputs, hidden_loss, soft_loss
 from tuner.training.mixing import BatchOutput
+from tuner.trial.teacher import student_of
 
 
 def _kl(p: list[float], q: list[float]) -> float:

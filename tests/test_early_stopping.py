@@ -6,8 +6,8 @@ from __future__ import annotations
 import optuna
 import pytest
 
-from tuner.constraints import Baseline, Constraints
-from tuner.early_stopping import (
+from tuner.front.constraints import Baseline, Constraints
+from tuner.front.early_stopping import (
     NotWorthTraining,
     PruningSettings,
     backend_gains,
@@ -16,9 +16,9 @@ from tuner.early_stopping import (
     sampler_view,
     stop_reason,
 )
-from tuner.front import points_of
-from tuner.latency import LatencyResult
-from tuner.optuna_compat import FilteredSampler
+from tuner.front.points import points_of
+from tuner.latency.protocol import LatencyResult
+from tuner.store.optuna_compat import FilteredSampler
 
 COMPLETE = optuna.trial.TrialState.COMPLETE
 
@@ -177,9 +177,9 @@ def test_a_pruned_trial_is_shown_to_samplers_as_the_poor_point_it_stands_for():
     ],
 )
 def test_bad_pruning_and_round_settings_are_refused_at_start_up(override, named):
-    from tuner.config import compose_config
+    from tuner.config.compose import compose_config
     from tuner.errors import ConfigError
-    from tuner.study import prepare
+    from tuner.study.run import prepare
 
     args = ["+experiment=bert_ffn", "debug=smoke", override]
     with pytest.raises(ConfigError) as refused:

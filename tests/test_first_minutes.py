@@ -61,7 +61,7 @@ def test_every_experiment_of_a_sweep_and_of_a_user_config_dir_is_checked(tmp_pat
 
 
 def test_help_lists_experiments_search_spaces_and_backends_of_this_machine(tmp_path):
-    from tuner.backends import BACKENDS
+    from tuner.deploy.backends import BACKENDS
 
     result = _tuner(tmp_path, "--help")
     assert result.returncode == 0

@@ -5,9 +5,9 @@ import pytest
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState
 
-from tuner.constraints import Baseline, Constraints, baseline_of
-from tuner.front import Failures, front_table, study_points
-from tuner.front_plots import plot_front_html, plot_front_png
+from tuner.front.constraints import Baseline, Constraints, baseline_of
+from tuner.front.plots import plot_front_html, plot_front_png
+from tuner.front.points import Failures, front_table, study_points
 
 BACKEND = {"deploy.backend": CategoricalDistribution(("eager", "int8_dynamic"))}
 
@@ -91,7 +91,7 @@ def test_a_point_exactly_at_the_accuracy_drop_limit_is_within_it():
 
 
 def test_a_study_whose_points_are_all_over_its_constraints_says_so(capsys):
-    from tuner.console import front_summary
+    from tuner.front.messages import front_summary
 
     constraints = Constraints(latency_budget_ms=4.0)
     study = _study(POINTS)
@@ -149,7 +149,7 @@ def test_empty_study_has_an_empty_front(tmp_path):
 
 
 def test_front_is_read_against_the_eager_point_of_the_baseline_model():
-    from tuner.console import eager_point_of
+    from tuner.front.messages import eager_point_of
 
     study = _study([*POINTS, ("eager", 0.84, 21.0, 0.84)])
     baseline = baseline_of(study.trials)
@@ -177,7 +177,8 @@ def test_the_baseline_counts_complete_points_only_and_the_model_being_deployed()
 
 
 def test_failed_points_and_failed_trials_are_counted_apart():
-    from tuner.front import FAILED_BACKEND_ATTR, failures_of
+    from tuner.front.points import failures_of
+    from tuner.store.keys import FAILED_BACKEND_ATTR
 
     study = _study(POINTS)
     failed = [

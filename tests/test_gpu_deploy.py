@@ -7,13 +7,13 @@ import pytest
 import torch
 from conftest import run_cli
 
-from tuner.backends import BACKENDS, Backend
-from tuner.checks import check_config
-from tuner.config import compose_config, resolve
+from tuner.config.compose import compose_config, resolve
+from tuner.config.space import SearchSpace
+from tuner.deploy.backends import BACKENDS, Backend
 from tuner.errors import ConfigError
-from tuner.latency import gpu_record
-from tuner.space import SearchSpace
-from tuner.study import check_backends
+from tuner.latency.protocol import gpu_record
+from tuner.study.checks import check_config
+from tuner.study.run import check_backends
 
 NO_GPU = pytest.mark.skipif(torch.cuda.is_available(), reason="about machines without a GPU")
 CUDA_BACKENDS = ["cuda_bf16", "cuda_compile", "cuda_eager", "cuda_fp16"]

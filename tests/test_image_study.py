@@ -14,10 +14,11 @@ import pytest
 from conftest import run_cli
 from mlflow.tracking import MlflowClient
 
-from tuner.backends import BACKENDS
-from tuner.config import apply_debug, compose_config, resolve
+from tuner.config.compose import apply_debug, compose_config, resolve
 from tuner.data import load_splits
-from tuner.front import TEACHER_OF_ATTR, study_points
+from tuner.deploy.backends import BACKENDS
+from tuner.front.points import study_points
+from tuner.store.keys import TEACHER_OF_ATTR
 
 SMOKE = (
     "+experiment=resnet_mixup",

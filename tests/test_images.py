@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 from tuner.data import load_splits
 from tuner.data.fashion_mnist import read_idx
 from tuner.errors import ConfigError
-from tuner.latency import LatencyProtocol
+from tuner.latency.protocol import LatencyProtocol
 from tuner.modalities.image import ImageModality
 from tuner.models import build_model
 from tuner.training import batch_loss, initialise_new_layers

@@ -91,7 +91,7 @@ def test_an_onnx_graph_is_counted_by_type_and_class_and_listed_in_order(tmp_path
 def test_the_graph_is_logged_on_the_points_run(tmp_path, monkeypatch):
     from mlflow.tracking import MlflowClient
 
-    from tuner.tracking import Tracker
+    from tuner.tracking.runs import Tracker
 
     monkeypatch.chdir(tmp_path)  # MLflow's artifacts go under the working directory
     dump = onnx_graph(_small_graph(tmp_path / "small.onnx"))
@@ -159,7 +159,7 @@ def test_onnx_runtimes_profiler_sees_each_node_of_the_graph(tmp_path):
     import torch
     from omegaconf import OmegaConf
 
-    from tuner.backends.onnx_export import profile_session
+    from tuner.deploy.backends.support.onnx_export import profile_session
 
     shipped = OmegaConf.load(Path(__file__).parent.parent / "conf" / "deploy" / "default.yaml")
     deploy = OmegaConf.merge(shipped, {"latency": {"num_threads": 1}})
@@ -225,7 +225,7 @@ def test_a_convolutional_graph_counts_its_convolutions_and_norms():
 def test_flops_per_call_count_two_per_multiply_add():
     import torch
 
-    from tuner.insight.measure import flops_per_call
+    from tuner.latency.peak import flops_per_call
 
     model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 2))
     # Batch 8: 8 * (64 * 256 + 256 * 2) multiply-adds.
@@ -235,7 +235,7 @@ def test_flops_per_call_count_two_per_multiply_add():
 def test_flops_of_a_transformer_count_its_projections_ffn_and_attention(tiny_bert):
     import torch
 
-    from tuner.insight.measure import flops_per_call
+    from tuner.latency.peak import flops_per_call
 
     ids, mask = torch.randint(0, 100, (1, 16)), torch.ones(1, 16, dtype=torch.long)
     tokens, hidden, ffn = 16, 32, 1536
@@ -271,15 +271,15 @@ def test_the_roofline_takes_the_lower_of_the_compute_and_memory_roofs():
 
 
 def test_a_backend_names_a_precision_the_machine_has_a_peak_for():
-    from tuner.backends import Backend
+    from tuner.deploy.backends import Backend
 
     with pytest.raises(ValueError, match="backend 'half': precision 'fp16' is not one of fp32"):
         Backend(name="half", export=None, load=None, precision="fp16")
 
 
 def test_a_backend_without_a_graph_says_why_on_its_points():
-    from tuner.backends import Backend
-    from tuner.deploy import graph_of
+    from tuner.deploy.backends import Backend
+    from tuner.deploy.pipeline import graph_of
 
     with pytest.raises(ValueError, match="backend 'opaque': a backend names either how to"):
         Backend(name="opaque", export=None, load=None, graph=None)
@@ -292,7 +292,7 @@ def test_a_backend_without_a_graph_says_why_on_its_points():
 
 
 def test_the_machines_peaks_are_measured_in_the_order_the_hardware_implies():
-    from tuner.insight.measure import measure_peak
+    from tuner.latency.peak import measure_peak
 
     peak = measure_peak(threads=1)
     assert peak.threads == 1
@@ -306,14 +306,14 @@ def test_the_machines_peaks_are_measured_in_the_order_the_hardware_implies():
 def test_a_precision_whose_gemm_cannot_run_is_left_out_of_the_peak(monkeypatch):
     import torch
 
-    from tuner.insight import measure
     from tuner.insight.roofline import roofline
+    from tuner.latency.peak import measure_peak
 
     def no_int8_kernel(a, b):
         raise RuntimeError("_int_mm: no kernel for this CPU")
 
     monkeypatch.setattr(torch, "_int_mm", no_int8_kernel)
-    peak = measure.measure_peak(threads=1)
+    peak = measure_peak(threads=1)
     assert set(peak.gemm_gflops) == {"fp32", "bf16"}
     # Its points have no roof; the other precisions' still do.
     assert roofline(2e9, 100e6, 20.0, "int8", peak) is None
@@ -323,8 +323,8 @@ def test_a_precision_whose_gemm_cannot_run_is_left_out_of_the_peak(monkeypatch):
 def test_a_study_measures_its_machines_peak_once_and_keeps_it(tmp_path):
     import optuna
 
-    from tuner.insight.measure import study_peak
     from tuner.insight.roofline import PEAK_ATTR_PREFIX, peak_key
+    from tuner.latency.peak import study_peak
 
     study = optuna.create_study(storage=f"sqlite:///{tmp_path}/s.db", directions=["maximize"])
     record = {"latency.cpu": "X", "latency.cpu_flags": "avx2", "latency.num_threads": 1}
@@ -340,7 +340,7 @@ def test_a_study_measures_its_machines_peak_once_and_keeps_it(tmp_path):
 
 
 def _point(number, backend, latency, profile_ms, layout_ops=10, flops=2e9, precision="fp32"):
-    from tuner.front import Point
+    from tuner.front.points import Point
     from tuner.insight.point import PointInsight
 
     insight = PointInsight(profile_ms, layout_ops, flops, precision, peak_key="m")
@@ -352,7 +352,7 @@ def _point(number, backend, latency, profile_ms, layout_ops=10, flops=2e9, preci
 def test_the_breakdown_puts_two_points_side_by_side_and_names_the_biggest_difference():
     from rich.console import Console
 
-    from tuner.insight.compare import biggest_difference, breakdown
+    from tuner.front.compare import biggest_difference, breakdown
     from tuner.insight.roofline import MachinePeak
 
     chosen = _point(
@@ -386,7 +386,7 @@ def test_the_breakdown_puts_two_points_side_by_side_and_names_the_biggest_differ
 def test_the_fronts_profile_picture_shows_each_profiled_front_point_by_class(tmp_path):
     from dataclasses import replace
 
-    from tuner.insight.plots import plot_profile_html, plot_profile_png, profiled_front
+    from tuner.front.insight_plots import plot_profile_html, plot_profile_png, profiled_front
 
     fast = _point(5, "onnxruntime_int8", 10.0, {"matmul/conv": 6.0, "quantize": 1.0})
     slow = _point(1, "eager", 40.0, {"matmul/conv": 30.0, "layout/memory": 5.0})
@@ -437,15 +437,15 @@ def test_a_machine_whose_peaks_cannot_be_measured_leaves_points_without_a_roofli
 ):
     import optuna
 
-    import tuner.study
+    import tuner.study.run
     from tuner.insight.point import PointInsight
 
     def no_int8_matmul(*args):
         raise RuntimeError("_int_mm is not implemented on this CPU")
 
-    monkeypatch.setattr(tuner.study, "study_peak", no_int8_matmul)
+    monkeypatch.setattr(tuner.study.run, "study_peak", no_int8_matmul)
     study = optuna.create_study(storage=f"sqlite:///{tmp_path}/s.db")
-    assert tuner.study.machine_peak(study, {"latency.cpu": "X"}, 1) is None
+    assert tuner.study.run.machine_peak(study, {"latency.cpu": "X"}, 1) is None
     out = capsys.readouterr().out
     assert "_int_mm is not implemented on this CPU" in out and "without their roofline" in out
     # Its points keep everything else; the roofline reads as unknown, not as zero.

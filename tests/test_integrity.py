@@ -12,14 +12,14 @@ import optuna
 import pytest
 from conftest import runnable_backends
 
-from tuner import budget
-from tuner.config import compose_config
+from tuner.config.compose import compose_config
 from tuner.errors import ConfigError
-from tuner.samplers import SAMPLERS
-from tuner.settings import CHANGES_ATTR
-from tuner.study import run_study
-from tuner.tracking import Tracker
-from tuner.trial_points import CONFIGURATION_ATTR
+from tuner.store import budget
+from tuner.store.settings import CHANGES_ATTR
+from tuner.study.run import run_study
+from tuner.study.samplers import SAMPLERS
+from tuner.tracking.runs import Tracker
+from tuner.trial.points import CONFIGURATION_ATTR
 
 pytestmark = pytest.mark.slow
 

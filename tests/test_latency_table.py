@@ -12,11 +12,12 @@ import pytest
 from conftest import REPO, TINY_BERT
 from omegaconf import OmegaConf
 
-from tuner.backends import ExampleInputs
+from tuner.data.batches import ExampleInputs
 from tuner.errors import ConfigError
-from tuner.front import LATENCY_KEY_ATTR, study_points
-from tuner.latency import LatencyProtocol, LatencyResult, objective_name, time_rounds
-from tuner.latency_table import (
+from tuner.front.points import study_points
+from tuner.latency.protocol import LatencyProtocol, LatencyResult, objective_name, time_rounds
+from tuner.store.keys import LATENCY_KEY_ATTR
+from tuner.store.latency_table import (
     LatencyTable,
     digest_of,
     latency_key,
@@ -25,8 +26,8 @@ from tuner.latency_table import (
     stored_key,
     structure_of,
 )
-from tuner.optuna_compat import study_id_of
-from tuner.settings import SETTINGS_ATTR
+from tuner.store.optuna_compat import study_id_of
+from tuner.store.settings import SETTINGS_ATTR
 
 PROTOCOL_RECORD = {"latency.seq_len": 16, "latency.cpu": "test CPU", "latency.cpu_flags": "avx2"}
 DEPLOY = OmegaConf.create(
@@ -155,7 +156,7 @@ def test_a_relative_edit_and_the_absolute_width_it_stands_for_share_a_key():
 
 
 def test_the_unedited_cnn_and_a_student_of_its_full_size_share_a_key():
-    from tuner.recipe import ModelRecipe
+    from tuner.models.recipe import ModelRecipe
 
     recipe = ModelRecipe(
         model=OmegaConf.to_container(OmegaConf.load(REPO / "conf/model/resnet.yaml")),
@@ -202,7 +203,7 @@ def _storage(path):
 
 
 def test_caps_on_pytorch_s_kernels_are_part_of_the_key_only_where_set(monkeypatch):
-    from tuner.latency import LatencyProtocol
+    from tuner.latency.protocol import LatencyProtocol
 
     protocol = LatencyProtocol(batch_size=1, seq_len=16, num_threads=1, warmup=1, repeats=3)
     for name in ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY"):
@@ -303,7 +304,7 @@ def test_a_stored_key_is_measured_alike_under_the_same_deploy_settings_and_machi
 _WRITER = """
 import sys, optuna
 from omegaconf import OmegaConf
-from tuner.latency_table import latency_key, record_session
+from tuner.store import latency_key, record_session
 storage = optuna.storages.RDBStorage(sys.argv[1])
 study_id = storage.get_study_id_from_name("s")
 key = latency_key(OmegaConf.create({"family": "timm"}), [], "eager", OmegaConf.create({}), {})
@@ -331,9 +332,9 @@ _DIES_MID_MEASUREMENT = """
 import sys, time, optuna
 from pathlib import Path
 from omegaconf import OmegaConf
-from tuner.backends import ExampleInputs
+from tuner.data import ExampleInputs
 from tuner.latency import LatencyProtocol, time_rounds
-from tuner.latency_table import latency_key, record_session
+from tuner.store import latency_key, record_session
 storage = optuna.storages.RDBStorage(sys.argv[1])
 study_id = storage.get_study_id_from_name("s")
 calls = []

@@ -17,7 +17,7 @@ import sqlalchemy
 # Holds the lease for HOLD seconds and writes when it went in and out, by its own clock.
 _HOLDER = """
 import sys, time
-from tuner.lease import Leases
+from tuner.store import Leases
 url, log, hold = sys.argv[1], sys.argv[2], float(sys.argv[3])
 with Leases(url, "s").hold("front"):
     with open(log, "a") as f:

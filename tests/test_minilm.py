@@ -4,7 +4,7 @@ import torch
 from omegaconf import OmegaConf
 from transformers import AutoTokenizer
 
-from tuner.config import CONF_DIR
+from tuner.config.compose import CONF_DIR
 from tuner.edits.ffn_width import find_feed_forwards
 from tuner.models import build_model, resolve_name_or_path
 

@@ -8,8 +8,8 @@ import time
 import optuna
 from optuna.distributions import FloatDistribution
 
-from tuner import budget
-from tuner.optuna_compat import (
+from tuner.store import budget
+from tuner.store.optuna_compat import (
     FilteredSampler,
     beat_once,
     is_heartbeat_enabled,
@@ -18,7 +18,7 @@ from tuner.optuna_compat import (
     study_id_of,
     trial_id_of,
 )
-from tuner.storage import Heartbeat, open_storage
+from tuner.store.storage import Heartbeat, open_storage
 
 SPACE = {"x": FloatDistribution(0.0, 1.0)}
 

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from tuner.pareto import dominates, hypervolume, pareto_mask
+from tuner.front.pareto import dominates, hypervolume, pareto_mask
 
 
 def test_dominance():

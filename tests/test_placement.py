@@ -12,11 +12,11 @@ from conftest import REPO, run_cli, separable_texts, train_cfg
 from omegaconf import OmegaConf
 from torch import nn
 
-from tuner.checks import check_config
-from tuner.config import compose_config, resolve
+from tuner.config.compose import compose_config, resolve
+from tuner.config.space import build_search_space
 from tuner.devices import describe
 from tuner.errors import ConfigError
-from tuner.space import build_search_space
+from tuner.study.checks import check_config
 from tuner.training import Placement
 from tuner.training.loop import _step
 

@@ -6,9 +6,9 @@ from dataclasses import replace
 
 import pytest
 
-from tuner.constraints import Baseline
-from tuner.front import Point
-from tuner.recommend import Rule, recommend
+from tuner.front.constraints import Baseline
+from tuner.front.points import Point
+from tuner.front.recommend import Rule, recommend
 
 
 def _point(number: int, accuracy: float, latency: float, pareto: bool = True) -> Point:

@@ -7,7 +7,7 @@ import signal
 
 import pytest
 
-from tuner.recovery import Terminated, deferred, immediate, interruptible, raise_if_interrupted
+from tuner.interrupts import Terminated, deferred, immediate, interruptible, raise_if_interrupted
 
 
 class _SignalsWhileFinalised:

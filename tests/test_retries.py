@@ -8,8 +8,8 @@ import sqlalchemy.exc
 from mlflow.exceptions import MlflowException
 from mlflow.protos.databricks_pb2 import TEMPORARILY_UNAVAILABLE
 
-from tuner import retries
-from tuner.storage import RetryingStorage, open_storage
+from tuner.store import retries
+from tuner.store.storage import RetryingStorage, open_storage
 
 
 def _dropped_connection() -> sqlalchemy.exc.OperationalError:

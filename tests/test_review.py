@@ -21,11 +21,12 @@ import torch
 from conftest import REPO, pooled_sessions, run_cli, runnable_backends, stored_sessions
 from mlflow.tracking import MlflowClient
 
-from tuner.config import apply_debug, compose_config, resolve
-from tuner.constraints import baseline_of
+from tuner.config.compose import apply_debug, compose_config, resolve
 from tuner.data import load_splits
-from tuner.front import LATENCY_KEY_ATTR, study_points
-from tuner.recommend import Rule, recommend
+from tuner.front.constraints import baseline_of
+from tuner.front.points import study_points
+from tuner.front.recommend import Rule, recommend
+from tuner.store.keys import LATENCY_KEY_ATTR
 
 # Real studies in subprocesses: the full suite's, not the fast selection's.
 pytestmark = pytest.mark.slow
@@ -117,7 +118,7 @@ def test_parent_run_holds_the_front_hypervolume_and_protocol(smoke):
     first = [t.values[1] for t in complete if t.user_attrs.get("trained_in_trial") == 0]
     # (the table keeps milliseconds to 4 decimals)
     assert reference == [0.0, pytest.approx(2 * max(first), abs=1e-3)]
-    from tuner.pareto import hypervolume
+    from tuner.front.pareto import hypervolume
 
     expected = hypervolume([(p.val_accuracy, p.latency_ms) for p in points], tuple(reference))
     assert history[-1].value == pytest.approx(expected)
@@ -239,7 +240,7 @@ def test_report_recommends_evaluates_and_exports(smoke, tmp_path):
 
 
 def test_every_point_records_where_its_time_goes_and_its_roofline(smoke):
-    from tuner.backends import BACKENDS
+    from tuner.deploy.backends import BACKENDS
     from tuner.insight.roofline import stored_peaks
 
     study = _load_study(smoke)
@@ -397,8 +398,8 @@ def test_retime_front_times_the_front_again_against_the_study_s_table(smoke):
 def test_the_front_to_time_again_is_the_one_under_the_study_s_own_constraints(smoke, tmp_path):
     import shutil
 
-    from tuner.settings import SETTINGS_ATTR
-    from tuner.stored_front import study_front
+    from tuner.store.settings import SETTINGS_ATTR
+    from tuner.study.stored_front import study_front
 
     # The smoke study, as if made with study.max_accuracy_drop=0: points below the best eager
     # fp32 accuracy are infeasible, and the front is that of the others.

@@ -228,7 +228,7 @@ def test_offline_bundle_carries_what_the_target_lacks_and_installs_there(tmp_pat
     from packaging.utils import canonicalize_name
     from transformers import AutoConfig, AutoTokenizer
 
-    from tuner.config import compose_config
+    from tuner.config.compose import compose_config
 
     # The target has every distribution installed here (its torch a CUDA 2.11 build) but
     # optuna, hydra-core, MLflow and the MiniLM package, and what of theirs nothing else here

@@ -11,20 +11,20 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
-import tuner.study
-from tuner.backends import BACKENDS, Backend
-from tuner.backends.torch_files import export_weights, load_weights
-from tuner.config import compose_config, with_params
+import tuner.study.run
+from tuner.config.compose import compose_config, with_params
 from tuner.data import load_splits
-from tuner.early_stopping import CURVE_ATTR, PRUNED_ATTR
+from tuner.deploy.backends import BACKENDS, Backend
+from tuner.deploy.backends.support.torch_files import export_weights, load_weights
 from tuner.edits import apply_edits
-from tuner.front import failures_of, study_points
-from tuner.latency_table import LatencyTable
+from tuner.front.early_stopping import CURVE_ATTR, PRUNED_ATTR
+from tuner.front.points import failures_of, study_points
+from tuner.latency.steadiness import _REFERENCES, MachineReference
 from tuner.models import build_model
-from tuner.retrain import override_keys
-from tuner.samplers import SAMPLERS
-from tuner.steadiness import _REFERENCES, MachineReference
-from tuner.study import modality_for, prepare, run_study
+from tuner.store.latency_table import LatencyTable
+from tuner.study.run import modality_for, prepare, run_study
+from tuner.study.samplers import SAMPLERS
+from tuner.tracking.retrain import override_keys
 from tuner.training import batch_loss, initialise_new_layers, train
 
 pytestmark = pytest.mark.slow
@@ -272,14 +272,14 @@ def _slow_spell(monkeypatch, ends_before_the_front_is_confirmed: bool) -> None:
     monkeypatch.setattr(
         reference, "_fastest_call_ms", lambda: next(readings, 9.0 if spell["on"] else 5.0)
     )
-    monkeypatch.setattr("tuner.latency.reference_for", lambda num_threads: reference)
-    confirm_front = tuner.study.confirm_front
+    monkeypatch.setattr("tuner.latency.protocol.reference_for", lambda num_threads: reference)
+    confirm_front = tuner.study.run.confirm_front
 
     def spell_ends_first(*args, **kwargs):
         spell["on"] = not ends_before_the_front_is_confirmed
         return confirm_front(*args, **kwargs)
 
-    monkeypatch.setattr("tuner.study.confirm_front", spell_ends_first)
+    monkeypatch.setattr("tuner.study.run.confirm_front", spell_ends_first)
 
 
 def _study_through_a_spell(study_dir, monkeypatch, ends_before_the_front_is_confirmed: bool):

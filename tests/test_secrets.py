@@ -16,9 +16,9 @@ from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
 from sqlalchemy.engine import make_url
 
-from tuner.front import Point, study_points
-from tuner.retrain import retrain_command
+from tuner.front.points import Point, study_points
 from tuner.secrets import mask_url, mask_urls_in, masked_yaml
+from tuner.tracking.retrain import retrain_command
 
 UNCHANGED = None
 

@@ -5,6 +5,8 @@ logged model holds no pickle, and models logged with a pickle by earlier version
 from __future__ import annotations
 
 import pickletools
+import sys
+import types
 import zipfile
 from pathlib import Path
 
@@ -17,11 +19,11 @@ from conftest import COMPILING, PROTOCOL, REPO, TINY_BERT, TINY_BERT_DIR
 from omegaconf import OmegaConf
 from test_backends import DEPLOY
 
-from tuner.backends import BACKENDS, unavailable_backends
-from tuner.deploy import convert
+from tuner.deploy.backends import BACKENDS, unavailable_backends
+from tuner.deploy.pipeline import convert
+from tuner.deploy.serving import PointModel, PointSpec, deploy_config, log_point_model
 from tuner.modalities.image import ImageModality
 from tuner.modalities.text import TextModality
-from tuner.serving import PointModel, PointSpec, deploy_config, log_point_model
 from tuner.training import collect_logits
 
 # Raw texts of very different lengths, more of them than one evaluation batch, so that batches
@@ -185,13 +187,24 @@ def test_served_image_model_reproduces_the_measured_logits(name, image_subject, 
     )
 
 
+def _logged_files(model_uri: str) -> Path:
+    """Where the tracking store (a local directory here) keeps a logged model's files."""
+    model_id = model_uri.removeprefix("models:/")
+    location = mlflow.MlflowClient().get_logged_model(model_id).artifact_location
+    return Path(location.removeprefix("file://"))
+
+
 def _log_the_earlier_way(monkeypatch) -> None:
-    """`log_point_model` as earlier versions logged: a pickled `PointModel` object in place of
-    the loader file, every other argument as it is."""
+    """`log_point_model` as earlier versions logged: a pickled `PointModel` object, of the class
+    as it was named then (`tuner.serving.PointModel`), in place of the loader file, every other
+    argument as it is."""
     log = mlflow.models.Model.log.__func__
+    earlier = types.ModuleType("tuner.serving")
+    earlier.PointModel = type("PointModel", (PointModel,), {"__module__": "tuner.serving"})
+    monkeypatch.setitem(sys.modules, "tuner.serving", earlier)
 
     def pickled(cls, *args, **kwargs):
-        return log(cls, *args, **{**kwargs, "python_model": PointModel()})
+        return log(cls, *args, **{**kwargs, "python_model": earlier.PointModel()})
 
     monkeypatch.setattr(mlflow.models.Model, "log", classmethod(pickled))
 
@@ -199,8 +212,8 @@ def _log_the_earlier_way(monkeypatch) -> None:
 def test_a_model_logged_with_a_pickle_loads_as_one_from_code(
     text_point, tracking, tmp_path, monkeypatch
 ):
-    from tuner.insight.on_demand import profile_logged
-    from tuner.serving import load_point_model
+    from tuner.deploy.on_demand import profile_logged
+    from tuner.deploy.serving import load_point_model
 
     model, recipe, modality = text_point
     example = modality.example(TEXTS, PROTOCOL)
@@ -212,6 +225,10 @@ def test_a_model_logged_with_a_pickle_loads_as_one_from_code(
         old_uri, _ = _log(tracking, converted, "eager", modality, TEXTS, labels, tmp_path)
     old_conf = mlflow.models.Model.load(old_uri).flavors["python_function"]
     assert old_conf["python_model"] == "python_model.pkl"
+    pickled = _logged_files(old_uri) / "python_model.pkl"
+    assert {"tuner.serving", "PointModel"} <= {
+        a for _, a, _ in pickletools.genops(pickled.read_bytes())
+    }
 
     # MLflow refuses to unpickle, so whatever loads is read without the pickle.
     monkeypatch.setenv("MLFLOW_ALLOW_PICKLE_DESERIALIZATION", "false")
@@ -226,11 +243,39 @@ def test_a_model_logged_with_a_pickle_loads_as_one_from_code(
         assert profile_logged(uri, TEXTS, params).profile.total_ms > 0
 
 
+def test_a_model_whose_loader_names_the_earlier_module_loads(text_point, tracking, tmp_path):
+    """A model from code logged before `PointModel` moved: its loader file, `serving_model.py`,
+    imports `tuner.serving`. It loads with today's loader, and is left as it was logged."""
+    from tuner.deploy.serving import load_point_model
+
+    model, recipe, modality = text_point
+    example = modality.example(TEXTS, PROTOCOL)
+    converted = convert("eager", model, recipe, example, DEPLOY, tmp_path / "eager")
+    labels = ["rotten", "fresh"]
+    uri, _ = _log(tracking, converted, "eager", modality, TEXTS, labels, tmp_path)
+    texts = pd.DataFrame({"text": TEXTS})
+    expected = list(load_point_model(uri).predict(texts)["label"])
+    # Rewritten in the tracking store as the earlier version logged it.
+    logged = _logged_files(uri)
+    (logged / "point_loader.py").unlink()
+    earlier_loader = "import mlflow\n\nfrom tuner.serving import PointModel\n\n"
+    (logged / "serving_model.py").write_text(
+        earlier_loader + "mlflow.models.set_model(PointModel())\n"
+    )
+    mlmodel = (logged / "MLmodel").read_text()
+    (logged / "MLmodel").write_text(mlmodel.replace("point_loader.py", "serving_model.py"))
+    logged_as = mlflow.models.Model.load(uri).flavors["python_function"]["model_code_path"]
+    assert Path(logged_as).name == "serving_model.py"
+
+    assert list(load_point_model(uri).predict(texts)["label"]) == expected
+    assert (logged / "serving_model.py").read_text().startswith(earlier_loader)
+
+
 def test_a_quantised_artifact_saved_by_torch_save_still_loads(tiny_bert, tmp_path):
     """Quantised artifacts made before they were safetensors (torch.save of the state dict and
     the recipe) load as before, to the same model as the safetensors file."""
-    from tuner.backends.int8_dynamic import _quantize
-    from tuner.backends.torch_files import RECIPE_KEY, load_quantized, save_quantized
+    from tuner.deploy.backends.int8_dynamic import _quantize
+    from tuner.deploy.backends.support.torch_files import RECIPE_KEY, load_quantized, save_quantized
 
     quantized = _quantize(tiny_bert)
     earlier = tmp_path / "model.int8.pt"

@@ -6,9 +6,9 @@ from __future__ import annotations
 import optuna
 import pytest
 
-from tuner.config import compose_config, resolve
+from tuner.config.compose import compose_config, resolve
 from tuner.errors import ConfigError
-from tuner.settings import (
+from tuner.store.settings import (
     CHANGES_ATTR,
     SETTINGS_ATTR,
     check_change_keys,

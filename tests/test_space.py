@@ -4,8 +4,8 @@ import pytest
 from omegaconf import OmegaConf
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
+from tuner.config.space import build_search_space, parse_expression
 from tuner.errors import ConfigError
-from tuner.space import build_search_space, parse_expression
 
 
 @pytest.mark.parametrize(
@@ -97,7 +97,7 @@ def test_group_key_is_rejected():
 
 
 def test_pinned_keys_are_fixed_at_their_config_value():
-    from tuner.config import load_search_space
+    from tuner.config.compose import load_search_space
 
     cfg = OmegaConf.create(
         {

@@ -17,9 +17,9 @@ import torch
 from conftest import REPO
 from omegaconf import OmegaConf
 
-from tuner.backends import ExampleInputs
-from tuner.latency import LatencyProtocol, time_rounds, wait_for_steady
-from tuner.steadiness import _REFERENCES, MachineReference, steadiest_rounds, steady_rounds
+from tuner.data.batches import ExampleInputs
+from tuner.latency.protocol import LatencyProtocol, time_rounds, wait_for_steady
+from tuner.latency.steadiness import _REFERENCES, MachineReference, steadiest_rounds, steady_rounds
 
 
 def test_a_round_is_steady_when_both_readings_around_it_are_near_the_floor():
@@ -95,7 +95,7 @@ def _clock_reading(monkeypatch, taken: list[float]) -> None:
         logits_of(*inputs.tensors)
         return float(len(taken))
 
-    monkeypatch.setattr("tuner.latency._wall_call_ms", clock)
+    monkeypatch.setattr("tuner.latency.protocol._wall_call_ms", clock)
 
 
 def test_in_a_slow_spell_more_rounds_are_timed_and_the_steady_ones_kept(monkeypatch):
@@ -145,7 +145,7 @@ def test_one_attempt_per_round_judges_nothing(monkeypatch):
 def test_rounds_timed_on_a_gpu_are_not_judged(monkeypatch):
     taken = _scripted(monkeypatch, 1, [4.0, 4.0, 9.0, 9.0])
     # The GPU clock (CUDA events) stood in for: a callable with a CUDA device is timed by it.
-    monkeypatch.setattr("tuner.latency._gpu_call_ms", lambda *_: 1.0)
+    monkeypatch.setattr("tuner.latency.protocol._gpu_call_ms", lambda *_: 1.0)
 
     def on_gpu(*_):
         return None

@@ -10,9 +10,9 @@ import optuna
 import pytest
 import sqlalchemy.exc
 
-from tuner import retries
-from tuner.optuna_compat import trial_id_of
-from tuner.storage import Heartbeat, open_storage
+from tuner.store import retries
+from tuner.store.optuna_compat import trial_id_of
+from tuner.store.storage import Heartbeat, open_storage
 
 TrialState = optuna.trial.TrialState
 

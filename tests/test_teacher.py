@@ -18,25 +18,20 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
 
-import tuner.study
-import tuner.trial
-from tuner import budget
-from tuner.backends import BACKENDS
-from tuner.config import compose_config
-from tuner.constraints import EAGER_ACCURACY_ATTR
+import tuner.study.run
+import tuner.trial.objective
+from tuner.config.compose import compose_config
 from tuner.data import load_splits
+from tuner.deploy.backends import BACKENDS
 from tuner.errors import ConfigError, StudyStopped
-from tuner.front import TEACHER_OF_ATTR
-from tuner.recipe import ModelRecipe
-from tuner.settings import SETTINGS_ATTR
-from tuner.study import run_study
-from tuner.teacher import (
-    STORED_ATTR,
-    TRIAL_ATTR,
-    StoredTeacher,
-    save_teacher,
-)
-from tuner.trial_points import ARCHITECTURE_ATTR
+from tuner.front.constraints import EAGER_ACCURACY_ATTR
+from tuner.models.recipe import ModelRecipe
+from tuner.store import budget
+from tuner.store.keys import TEACHER_OF_ATTR
+from tuner.store.settings import SETTINGS_ATTR
+from tuner.study.run import run_study
+from tuner.trial.points import ARCHITECTURE_ATTR
+from tuner.trial.teacher import STORED_ATTR, TRIAL_ATTR, StoredTeacher, save_teacher
 
 TrialState = optuna.trial.TrialState
 SMOKE = ("+experiment=bert_ffn", "debug=smoke", "deploy.backend=eager")
@@ -150,13 +145,13 @@ def test_the_teacher_is_trained_once_stored_and_reused_by_resumes(study_dir, cap
 def test_a_teacher_trial_interrupted_after_storing_its_teacher_loads_it_when_retried(
     study_dir, monkeypatch, capsys
 ):
-    store = tuner.trial.record_stored
+    store = tuner.trial.objective.record_stored
 
     def store_then_interrupt(*args) -> None:
         store(*args)
         os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C before any point is written
 
-    monkeypatch.setattr(tuner.trial, "record_stored", store_then_interrupt)
+    monkeypatch.setattr(tuner.trial.objective, "record_stored", store_then_interrupt)
     # Two backends: the trial's own point and another one.
     args = [
         *(a for a in _args(study_dir) if not a.startswith("deploy.backend=")),

@@ -15,17 +15,17 @@ import pytest
 import torch
 from conftest import TINY_BERT
 
-import tuner.teacher_trial
-from tuner import teacher as teacher_module
+import tuner.study.teacher_trial
 from tuner.errors import StudyStopped
-from tuner.lease import Leases
-from tuner.optuna_compat import stale_trial_ids, trial_id_of
-from tuner.recipe import ModelRecipe
-from tuner.recovery import requeue
-from tuner.storage import Heartbeat, open_storage
-from tuner.teacher import STORED_ATTR, TRIAL_ATTR, Teachers, record_stored, save_teacher
-from tuner.teacher_trial import ensure_trained
+from tuner.models.recipe import ModelRecipe
+from tuner.store.lease import Leases
+from tuner.store.optuna_compat import stale_trial_ids, trial_id_of
+from tuner.store.requeue import requeue
+from tuner.store.storage import Heartbeat, open_storage
+from tuner.study.teacher_trial import ensure_trained
 from tuner.training import TrainResult
+from tuner.trial import teacher as teacher_module
+from tuner.trial.teacher import STORED_ATTR, TRIAL_ATTR, Teachers, record_stored, save_teacher
 
 TrialState = optuna.trial.TrialState
 LABELS = ["neg", "pos"]
@@ -149,7 +149,7 @@ def test_a_worker_waits_while_another_trains_the_teacher(tmp_path, monkeypatch):
         seen.append(race.states())
         race.train(race.storage.get_trial(trial_id_of(attempt)))
 
-    monkeypatch.setattr(tuner.teacher_trial.time, "sleep", other_worker_finishes)
+    monkeypatch.setattr(tuner.study.teacher_trial.time, "sleep", other_worker_finishes)
     race.ensure(run_trial=lambda trial: pytest.fail("the running attempt is not this worker's"))
     assert seen == [[(0, TrialState.RUNNING)]]
     assert race.trained == [0] and race.states() == [(0, TrialState.COMPLETE)]

@@ -42,7 +42,7 @@ def test_what_an_artifact_holds_is_logged_as_tags_and_a_json_file(tmp_path, monk
 
     from mlflow.tracking import MlflowClient
 
-    from tuner.tracking import Tracker
+    from tuner.tracking.runs import Tracker
 
     monkeypatch.chdir(tmp_path)  # MLflow's artifacts go under the working directory
     tracker = Tracker(f"sqlite:///{tmp_path}/mlflow.db", "study")
@@ -73,8 +73,8 @@ def test_what_an_artifact_holds_is_logged_as_tags_and_a_json_file(tmp_path, monk
 def test_a_point_run_gets_its_key_s_latency_when_it_moves_on_as_many_rounds(tmp_path, monkeypatch):
     from mlflow.tracking import MlflowClient
 
-    from tuner.latency import LatencyResult
-    from tuner.tracking import Tracker
+    from tuner.latency.protocol import LatencyResult
+    from tuner.tracking.runs import Tracker
 
     monkeypatch.chdir(tmp_path)
     tracker = Tracker(f"sqlite:///{tmp_path}/mlflow.db", "study")
@@ -98,9 +98,9 @@ def test_a_point_run_gets_its_key_s_latency_when_it_moves_on_as_many_rounds(tmp_
 def test_the_report_says_why_a_point_has_no_logged_model(tmp_path, monkeypatch):
     from mlflow.tracking import MlflowClient
 
-    from tuner.front import Point
+    from tuner.front.points import Point
     from tuner.report import why_no_model
-    from tuner.tracking import JOINED_LATER, MODEL_ABSENT_TAG, MODEL_ERROR_TAG, Tracker
+    from tuner.tracking.runs import JOINED_LATER, MODEL_ABSENT_TAG, MODEL_ERROR_TAG, Tracker
 
     monkeypatch.chdir(tmp_path)
     tracker = Tracker(f"sqlite:///{tmp_path}/mlflow.db", "study")

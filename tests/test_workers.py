@@ -16,8 +16,8 @@ import pytest
 from conftest import postgres_control, runnable_backends
 from mlflow.tracking import MlflowClient
 
-from tuner import budget
-from tuner.teacher import STORED_ATTR, TRIAL_ATTR
+from tuner.store import budget
+from tuner.trial.teacher import STORED_ATTR, TRIAL_ATTR
 
 # Real studies in subprocesses: the full suite's, not the fast selection's.
 pytestmark = pytest.mark.slow

@@ -14,9 +14,9 @@ from omegaconf import DictConfig
 
 from tuner.config import CONF_DIR, register_resolvers, search_space_sources
 from tuner.errors import ConfigError, StudyStopped
-from tuner.experiments import choose_an_experiment, experiments, help_text
-from tuner.recovery import Terminated, interruptible
+from tuner.interrupts import Terminated, interruptible
 from tuner.secrets import mask_urls_in
+from tuner.study import choose_an_experiment, experiments, help_text
 
 register_resolvers()
 

@@ -22,31 +22,39 @@ from omegaconf import DictConfig, OmegaConf
 
 from tuner import console
 from tuner.config import apply_debug, compose_config, resolve
-from tuner.console import eager_point_of
-from tuner.constraints import Baseline, Constraints
-from tuner.current_front import front_of
 from tuner.data import Splits, load_splits
-from tuner.data_settings import CurrentSplit, data_changes, data_fingerprint
+from tuner.deploy import load_point_model, op_table, profile_logged
 from tuner.errors import ConfigError
-from tuner.front import Point, failures_of
-from tuner.insight.compare import biggest_difference, breakdown
-from tuner.insight.on_demand import op_table, profile_logged
-from tuner.insight.roofline import MachinePeak, stored_peaks
+from tuner.front import (
+    DEFAULT_MAX_ACCURACY_DROP,
+    Baseline,
+    Constraints,
+    Point,
+    Rule,
+    biggest_difference,
+    breakdown,
+    eager_point_of,
+    failures_of,
+    front_of,
+    recommend,
+)
+from tuner.front import messages as front_messages
+from tuner.insight import MachinePeak, stored_peaks
 from tuner.latency import objective_name
 from tuner.modalities import MODALITIES
-from tuner.recommend import DEFAULT_MAX_ACCURACY_DROP, Rule, recommend
-from tuner.retrain import override_keys
 from tuner.secrets import mask_url, mask_urls_in
-from tuner.serving import load_point_model
-from tuner.settings import (
+from tuner.store import (
+    CurrentSplit,
     covered,
+    data_changes,
+    data_fingerprint,
+    open_storage,
     settings_of,
     stored_settings,
     subtree,
     typed_contradiction,
 )
-from tuner.storage import open_storage
-from tuner.tracking import MODEL_ABSENT_TAG, MODEL_ERROR_TAG
+from tuner.tracking import MODEL_ABSENT_TAG, MODEL_ERROR_TAG, override_keys
 
 TEST_METRIC = "test_accuracy"
 # Beside the test accuracy on a point's run: the data fingerprint (`tuner.data_settings`) of the
@@ -298,7 +306,9 @@ def report(args: argparse.Namespace) -> int:
     trials = study.get_trials(deepcopy=False)
     points, baseline, split = front_of(trials, study.user_attrs, constraints)
     split.refuse_without_points(study.study_name)
-    console.front_summary(study.study_name, points, failures_of(trials), baseline, constraints)
+    front_messages.front_summary(
+        study.study_name, points, failures_of(trials), baseline, constraints
+    )
     if split.note():
         console.console.print(f"[yellow]{split.note()}[/]")
     to_profile = None if args.profile is None else logged_point(points, args.profile, split)
@@ -310,7 +320,7 @@ def report(args: argparse.Namespace) -> int:
         no_point(points, rule, baseline)
         status = 1
     else:
-        console.recommendation(point, rule.describe())
+        front_messages.recommendation(point, rule.describe())
         where_time_goes(point, eager_point_of(points, baseline), stored_peaks(study.user_attrs))
         test_split = split.fingerprint or data_fingerprint(settings_of(cfg))
         changed = bool(data_changes(study.user_attrs))

@@ -79,3 +79,22 @@ def length_grouped_batches(
         batches.extend(by_length.split(batch_size))
     for position in torch.randperm(len(batches), generator=generator).tolist():
         yield batches[position]
+
+
+@dataclass(frozen=True)
+class ExampleInputs:
+    """Real inputs in the deployment's shape (for export and timing).
+
+    Attributes:
+        tensors: passed positionally to the model.
+        names: one per tensor; the ONNX graph's input names.
+        dynamic_axes: per name, the axes whose size may change between calls (ONNX export).
+    """
+
+    tensors: tuple[torch.Tensor, ...]
+    names: tuple[str, ...]
+    dynamic_axes: dict[str, dict[int, str]]
+
+    def shape(self) -> str:
+        """The tensors' shapes as recorded with a latency measurement, e.g. `1x1x28x28`."""
+        return ", ".join("x".join(str(size) for size in t.shape) for t in self.tensors)

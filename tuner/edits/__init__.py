@@ -7,4 +7,14 @@ from tuner.edits.base import EDITS, SAME_EDIT, Edit, apply_edits, edit_keys, res
 # Importing the modules registers their edits.
 from tuner.edits import depth, ffn_width  # noqa: E402,F401  isort: skip
 
-__all__ = ["EDITS", "SAME_EDIT", "Edit", "apply_edits", "edit_keys", "resolved_edits"]
+from tuner.edits.depth import find_layer_stack
+
+__all__ = [
+    "EDITS",
+    "Edit",
+    "SAME_EDIT",
+    "apply_edits",
+    "edit_keys",
+    "find_layer_stack",
+    "resolved_edits",
+]

@@ -11,12 +11,10 @@ from typing import Any, ClassVar
 from mlflow.models import ModelSignature
 from omegaconf import DictConfig
 
-from tuner.backends.base import ExampleInputs
-from tuner.data.batches import Encoded
-from tuner.data.splits import Splits
+from tuner.config import SearchSpace
+from tuner.data import Encoded, ExampleInputs, Splits
 from tuner.latency import LatencyProtocol
 from tuner.registry import Registry
-from tuner.space import SearchSpace
 
 
 class Modality(ABC):

@@ -14,13 +14,11 @@ from mlflow.models import ModelSignature
 from mlflow.types import ColSpec, Schema, TensorSpec
 from omegaconf import DictConfig
 
-from tuner.backends.base import ExampleInputs
-from tuner.data.images import ImageTensors
-from tuner.data.splits import Splits
+from tuner.config import SearchSpace
+from tuner.data import ExampleInputs, ImageTensors, Splits
 from tuner.errors import ConfigError
 from tuner.latency import LatencyProtocol
 from tuner.modalities.base import MODALITIES, Modality
-from tuner.space import SearchSpace
 
 _SETTINGS = "image_inputs.json"
 

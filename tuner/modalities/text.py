@@ -12,14 +12,11 @@ from mlflow.models import ModelSignature
 from mlflow.types import ColSpec, Schema
 from omegaconf import DictConfig
 
-from tuner.backends.base import ExampleInputs
-from tuner.checks import candidate_values
-from tuner.data.splits import Splits
-from tuner.data.tokens import TokenizedTexts, tokenize_texts
+from tuner.config import SearchSpace, candidate_values
+from tuner.data import ExampleInputs, Splits, TokenizedTexts, tokenize_texts
 from tuner.errors import ConfigError
 from tuner.latency import LatencyProtocol
 from tuner.modalities.base import MODALITIES, Modality
-from tuner.space import SearchSpace
 
 TEXT_COLUMN = "text"
 _SETTINGS = "text_inputs.json"

@@ -8,11 +8,14 @@ from tuner.models.packaged import PACKAGED_MODELS, resolve_name_or_path
 # Importing the module registers its family.
 from tuner.models import hf_encoder, timm_cnn  # noqa: E402,F401  isort: skip
 
+from tuner.models.recipe import ModelRecipe
+
 __all__ = [
     "MODEL_FAMILIES",
     "ModelFamily",
-    "PACKAGED_MODELS",
+    "ModelRecipe",
     "NewLayer",
+    "PACKAGED_MODELS",
     "TunableModel",
     "build_model",
     "resolve_name_or_path",

@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from tuner.data.batches import Batch, Encoded
-from tuner.training.loop import collect_logits
+from tuner.data import Batch, Encoded
+from tuner.training.evaluation import collect_logits
 from tuner.training.mixing import BatchOutput
 
 
@@ -56,7 +56,7 @@ class LayerOutputs:
     kept by a forward hook on every layer while `watching`."""
 
     def __init__(self, model: nn.Module) -> None:
-        from tuner.edits.depth import find_layer_stack
+        from tuner.edits import find_layer_stack
 
         _, _, self.layers = find_layer_stack(model, "distill.hidden_weight")
         self.states: list[torch.Tensor] = []

@@ -12,7 +12,7 @@ import torch
 from omegaconf import DictConfig
 from torch import nn
 
-from tuner.data.batches import Batch
+from tuner.data import Batch
 from tuner.training.mixing import MIXING, BatchLoss, BatchOutput, plain_loss
 
 

@@ -12,7 +12,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from tuner.models.base import NewLayer
+from tuner.models import NewLayer
 from tuner.registry import Registry
 
 RECTIFIERS = frozenset({"relu", "gelu", "gelu_new", "gelu_pytorch_tanh", "silu", "swish"})

@@ -13,9 +13,10 @@ import torch
 from omegaconf import DictConfig
 from torch import nn
 
-from tuner.data.batches import Encoded
+from tuner.data import Encoded
 from tuner.devices import describe
 from tuner.errors import TrialFailed
+from tuner.training.evaluation import accuracy, collect_logits
 from tuner.training.mixing import BatchLoss
 from tuner.training.optim import build_optimizer
 from tuner.training.placement import Placement
@@ -24,7 +25,6 @@ if TYPE_CHECKING:
     from tuner.training.distill import Distillation
 
 # Model inputs -> logits: the eager model, or any backend's loaded artifact.
-Logits = Callable[..., torch.Tensor]
 
 
 @dataclass(frozen=True)
@@ -65,36 +65,6 @@ class TrainResult:
             trained_on=str(summary["trained_on"]),
             gpu_peak_mb=summary["gpu_peak_mb"],
         )
-
-
-# Validation, deployment checks and serving all batch examples alike: int8 backends quantise
-# activations with ranges of the whole batch, and text batches are trimmed to their longest
-# example, so the same examples in other batches can give other logits. Texts are batched
-# sorted by length: the batches then carry almost no padding.
-EVAL_BATCH_SIZE = 64
-
-
-@torch.inference_mode()
-def collect_logits(
-    logits_of: Logits, data: Encoded, batch_size: int = EVAL_BATCH_SIZE
-) -> torch.Tensor:
-    """Logits of any callable mapping model inputs to logits, in data order."""
-    logits: torch.Tensor | None = None
-    for batch in data.batches(batch_size, group_by_length=True):
-        output = logits_of(*batch.inputs).float()
-        if logits is None:
-            logits = output.new_empty((len(data), *output.shape[1:]))
-        logits[batch.index] = output
-    return logits if logits is not None else torch.empty(0, 0)
-
-
-def accuracy(logits: torch.Tensor, labels: torch.Tensor) -> float:
-    return float((logits.argmax(dim=-1) == labels).float().mean()) if len(labels) else 0.0
-
-
-def evaluate(logits_of: Logits, data: Encoded, batch_size: int = EVAL_BATCH_SIZE) -> float:
-    """Accuracy of any callable mapping model inputs to logits."""
-    return accuracy(collect_logits(logits_of, data, batch_size), data.labels)
 
 
 def _linear_warmup_decay(total_steps: int, warmup_ratio: float) -> Callable[[int], float]:

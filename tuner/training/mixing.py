@@ -10,7 +10,7 @@ import torch
 from omegaconf import DictConfig
 from torch import nn
 
-from tuner.data.batches import Batch
+from tuner.data import Batch
 from tuner.registry import Registry
 
 

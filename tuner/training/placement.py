@@ -21,10 +21,10 @@ import torch
 from omegaconf import DictConfig
 from torch import nn
 
-from tuner.backends.cpu import native_bf16_unavailable
-from tuner.data.batches import Batch
+from tuner.data import Batch
 from tuner.devices import resolve_device
 from tuner.errors import ConfigError, TrialFailed
+from tuner.latency import native_bf16_unavailable
 from tuner.registry import Registry
 
 DEVICE_KEY = "train.device"

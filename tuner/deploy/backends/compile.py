@@ -1,0 +1,68 @@
+"""torch.compile (Inductor) with dynamic shapes over the shipped eager model.
+
+Compiling happens on the first call, which deployment makes during conversion, so compile time
+counts as conversion and not as latency.
+"""
+
+from __future__ import annotations
+
+import shutil
+import types
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig
+from torch import nn
+
+from tuner.deploy.backends.base import BACKENDS, Backend, Logits
+from tuner.deploy.backends.support.torch_files import export_weights, load_weights
+
+# Why the compiled backends' points have no operator graph.
+INDUCTOR_KERNELS = (
+    "runs code Inductor generates when the artifact is loaded: its kernels are no operator "
+    "graph to dump"
+)
+
+
+def compile_unavailable() -> str | None:
+    if not any(shutil.which(compiler) for compiler in ("c++", "g++", "clang++")):
+        return "Inductor needs a C++ compiler (c++, g++ or clang++) on PATH"
+    return None
+
+
+def compiled_alone(model: nn.Module, **settings: Any) -> Callable[..., torch.Tensor]:
+    """`torch.compile(model, **settings)`, its compiled code kept for this model alone.
+
+    Dynamo files compiled code under the Python code object it compiled, and compiling a model
+    compiles its class's `forward`, which every model of the family shares: each architecture a
+    process loads (two entries each, batch 1 being specialised) adds to the same list. Past
+    `torch._dynamo.config.recompile_limit` (8) entries Dynamo runs every further model eagerly,
+    with a warning and no error, so a long study's later compiled points would time eager code;
+    before that, each call checks the earlier models' guards first. Compiling a function with a
+    code object of its own per model keeps its entries with it, and they go when it goes."""
+
+    def call(*inputs: torch.Tensor) -> torch.Tensor:
+        return model(*inputs)
+
+    own = types.FunctionType(
+        call.__code__.replace(), call.__globals__, call.__name__, None, call.__closure__
+    )
+    return torch.compile(own, **settings)
+
+
+def _load(artifact: Path, deploy: DictConfig) -> Logits:
+    return compiled_alone(load_weights(artifact), mode=str(deploy.compile.mode), dynamic=True)
+
+
+BACKENDS.register("compile")(
+    Backend(
+        name="compile",
+        export=export_weights,
+        load=_load,
+        unavailable_reason=compile_unavailable,
+        graph=None,
+        no_graph_reason=INDUCTOR_KERNELS,
+    )
+)

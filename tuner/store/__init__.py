@@ -1,0 +1,119 @@
+"""What a study keeps in Optuna's storage: the storage itself (with retries of what is safe to
+repeat), the names of its attributes, settings, budget, leases, requeue, the latency table."""
+
+from __future__ import annotations
+
+from tuner.store.budget import is_configuration, retried_numbers
+from tuner.store.data_settings import (
+    DATA_SETTINGS_ATTR,
+    CurrentSplit,
+    current_split,
+    data_changes,
+    data_fingerprint,
+)
+from tuner.store.keys import (
+    BACKEND_KEY,
+    DUPLICATE_ATTR,
+    FAIL_REASON_ATTR,
+    FAILED_BACKEND_ATTR,
+    LATENCY_KEY_ATTR,
+    MODEL_URI_ATTR,
+    RETRY_HISTORY,
+    RUN_ID_ATTR,
+    TEACHER_OF_ATTR,
+    TRAINED_IN_ATTR,
+)
+from tuner.store.latency_table import (
+    LatencyTable,
+    digest_of,
+    latency_key,
+    measured_alike,
+    record_session,
+    stored_key,
+    structure_of,
+)
+from tuner.store.lease import Leases
+from tuner.store.optuna_compat import (
+    FilteredSampler,
+    beat_once,
+    completed_copy,
+    heartbeat_of,
+    is_heartbeat_enabled,
+    storage_of,
+    study_id_of,
+    trial_id_of,
+)
+from tuner.store.requeue import died, requeue
+from tuner.store.retries import RETRY_SECONDS, RetryingProxy, call_with_retries, is_transient
+from tuner.store.settings import (
+    DIRECTIONS,
+    check_change_keys,
+    covered,
+    settings_of,
+    settle,
+    stored_settings,
+    subtree,
+    typed_contradiction,
+)
+from tuner.store.storage import (
+    Heartbeat,
+    is_sqlite,
+    live_trial_numbers,
+    open_storage,
+    wait_out_unbeaten,
+)
+
+__all__ = [
+    "BACKEND_KEY",
+    "CurrentSplit",
+    "DATA_SETTINGS_ATTR",
+    "DIRECTIONS",
+    "DUPLICATE_ATTR",
+    "FAILED_BACKEND_ATTR",
+    "FAIL_REASON_ATTR",
+    "FilteredSampler",
+    "Heartbeat",
+    "LATENCY_KEY_ATTR",
+    "LatencyTable",
+    "Leases",
+    "MODEL_URI_ATTR",
+    "RETRY_HISTORY",
+    "RETRY_SECONDS",
+    "RUN_ID_ATTR",
+    "RetryingProxy",
+    "TEACHER_OF_ATTR",
+    "TRAINED_IN_ATTR",
+    "beat_once",
+    "call_with_retries",
+    "check_change_keys",
+    "completed_copy",
+    "covered",
+    "current_split",
+    "data_changes",
+    "data_fingerprint",
+    "died",
+    "digest_of",
+    "heartbeat_of",
+    "is_configuration",
+    "is_heartbeat_enabled",
+    "is_sqlite",
+    "is_transient",
+    "latency_key",
+    "live_trial_numbers",
+    "measured_alike",
+    "open_storage",
+    "record_session",
+    "requeue",
+    "retried_numbers",
+    "settings_of",
+    "settle",
+    "storage_of",
+    "stored_key",
+    "stored_settings",
+    "structure_of",
+    "study_id_of",
+    "subtree",
+    "trial_id_of",
+    "typed_contradiction",
+    "wait_out_unbeaten",
+]

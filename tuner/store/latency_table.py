@@ -1,0 +1,264 @@
+"""The study's latency table: latency as a property of (architecture, backend, protocol,
+machine), measured once and shared by every trial, worker and resume of the study.
+
+The weights of a model do not change how fast it runs, so the first trial that meets a key
+measures it (interleaved across backends: on the trained artifacts, or before training on the
+untrained model when a latency budget or early stopping needs it then) and later trials with
+the same key reuse it; each may add a round (`LatencyProtocol.max_rounds`) but none starts over.
+Points of one architecture and backend therefore share one latency. A backend whose graph
+follows the trained weights (`Backend.graph_from_weights`) has no key: each of its artifacts is
+timed on its own.
+
+The table lives in the study's own storage as Optuna study user attributes, one per measurement
+session (`latency:<key digest>:<session>`: its rounds, whether they were steady), each written
+once, whole, after its last round: a worker that dies mid-measurement leaves nothing half-done,
+and two workers measuring one key at once both add their rounds instead of overwriting each
+other. What a digest stands for is written beside them once (`latency-key:<key digest>`), for
+people reading the study.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import os
+import socket
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import optuna
+from omegaconf import DictConfig, OmegaConf
+from torch import nn
+
+from tuner.edits import edit_keys
+from tuner.latency import DEFAULT_STATISTIC, STATISTIC_KEY, LatencyResult
+from tuner.store.settings import settings_in
+
+_PREFIX = "latency:"
+_KEY_PREFIX = "latency-key:"
+# Model keys that change training but not the graph that is timed.
+_TRAINING_ONLY = frozenset({"random_init", "dropout", "drop_rate"})
+# Deploy keys that are the protocol (in the key on their own) or choose the backend, the
+# device (a backend deploys on one kind, and a GPU's model is in the protocol record), and the
+# settings of onnxruntime_mixed, whose latency the table never keeps (its graph follows the
+# trained weights).
+_NOT_IN_DEPLOY_KEY = frozenset({"backend", "device", "latency", "mixed"})
+# How far a measurement may grow (in rounds, in sessions) is no part of what it measures:
+# raising it extends the table; nor is how its calls are summarised (the rounds are kept whole),
+# nor which rounds are kept: steady ones measure the same latency as any others, with less of
+# the machine's load in them.
+_NOT_IN_PROTOCOL_KEY = frozenset(
+    {
+        "latency.max_rounds",
+        "latency.front_sessions",
+        "latency.statistic",
+        "latency.steady_within",
+        "latency.steady_attempts",
+        "latency.steady_wait_s",
+    }
+)
+
+
+def structure_of(model: nn.Module) -> list[list[Any]]:
+    """The model's tensors as [name, shape, dtype], parameters then buffers: the architecture
+    as built, whichever config values (a null edit, a fraction, the width it stands for) chose
+    it."""
+    tensors = [*model.named_parameters(), *model.named_buffers()]
+    return [[name, list(tensor.shape), str(tensor.dtype)] for name, tensor in tensors]
+
+
+def latency_key(
+    model_cfg: DictConfig,
+    structure: Sequence[Sequence[Any]],
+    backend: str,
+    deploy_cfg: DictConfig,
+    protocol_record: Mapping[str, Any],
+) -> dict[str, Any]:
+    """What decides a latency: the built architecture (`structure_of`), the rest of the model
+    config (what builds the same tensors into another graph: the model's name, its activation),
+    the backend and its settings, the protocol, the input shape and the machine (CPU model,
+    instruction sets, library versions, all in `protocol_record`).
+
+    The keys that size the model (structural edits, the family's size keys) are left out: the
+    structure holds what they did, so `ffn_width_fraction=0.667` and `ffn_width=1024` are one
+    key, as are the unedited model and a student edited to its full size.
+    """
+    from tuner.models import MODEL_FAMILIES
+
+    model = OmegaConf.to_container(model_cfg, resolve=True)
+    assert isinstance(model, dict)
+    family = MODEL_FAMILIES.get(str(model["family"]))
+    sizing = edit_keys() | set(family.size_keys)
+    return {
+        "model": {k: v for k, v in model.items() if k not in _TRAINING_ONLY | sizing},
+        "structure": hashlib.sha256(json.dumps(list(structure)).encode()).hexdigest(),
+        "backend": backend,
+        "deploy": _deploy_in_key(deploy_cfg),
+        "protocol": _protocol_in_key(protocol_record),
+    }
+
+
+def _deploy_in_key(deploy_cfg: DictConfig) -> dict[str, Any]:
+    deploy = OmegaConf.to_container(deploy_cfg, resolve=True)
+    assert isinstance(deploy, dict)
+    return {k: v for k, v in deploy.items() if k not in _NOT_IN_DEPLOY_KEY}
+
+
+def _protocol_in_key(protocol_record: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in protocol_record.items() if k not in _NOT_IN_PROTOCOL_KEY}
+
+
+def stored_key(user_attrs: Mapping[str, Any], digest: str) -> Mapping[str, Any] | None:
+    """The latency key a digest stands for, as the study stores it beside its sessions."""
+    return user_attrs.get(f"{_KEY_PREFIX}{digest}")
+
+
+def measured_alike(
+    key: Mapping[str, Any] | None, deploy_cfg: DictConfig, protocol_record: Mapping[str, Any]
+) -> bool:
+    """Whether a stored key's deploy settings and protocol (the machine included) are these:
+    its architecture, rebuilt under them, can have that key again. Compared as stored (JSON),
+    so tuples and lists read alike."""
+    if key is None:
+        return False
+    here = json.loads(
+        json.dumps(
+            {"deploy": _deploy_in_key(deploy_cfg), "protocol": _protocol_in_key(protocol_record)},
+            default=str,
+        )
+    )
+    return {"deploy": key.get("deploy"), "protocol": key.get("protocol")} == here
+
+
+def digest_of(key: Mapping[str, Any]) -> str:
+    text = json.dumps(key, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+
+@dataclass(frozen=True)
+class Session:
+    """One measurement session of a key: its rounds, and whether they were steady (True), the
+    steadiest of too few steady ones (False), or not judged (None: steadiness off, or a
+    session recorded before the table kept the flag)."""
+
+    rounds: list[list[float]]
+    steady: bool | None = None
+
+    @property
+    def counts(self) -> bool:
+        """Whether it outweighs sessions of too few steady rounds (`LatencyTable.pooled`)."""
+        return self.steady is not False
+
+
+@dataclass(frozen=True)
+class LatencyTable:
+    """The measurement sessions of every key of a study (digest -> sessions in time order), as
+    read at one moment, and the statistic the study ranks latency by
+    (`deploy.latency.statistic`, a study setting).
+
+    A key's latency pools the rounds of `pooled` sessions: those that count (steady rounds, or
+    not judged) once they hold at least as many rounds as any session of too few steady ones,
+    which are then left out, as a slow round is left out of a session; until then, every
+    session."""
+
+    sessions: dict[str, list[Session]] = field(default_factory=dict)
+    statistic: str = DEFAULT_STATISTIC
+
+    @classmethod
+    def of_attrs(cls, user_attrs: Mapping[str, Any]) -> LatencyTable:
+        """Every key's sessions, in time order. The statistic is the study's stored one (the
+        default for a study that stores no settings)."""
+        found: dict[str, list[tuple[str, Session]]] = {}
+        for name, session in user_attrs.items():
+            if not name.startswith(_PREFIX) or not isinstance(session, dict):
+                continue
+            digest = name[len(_PREFIX) :].split(":", 1)[0]
+            found.setdefault(digest, []).append(
+                (str(session.get("at", "")), Session(session["rounds"], session.get("steady")))
+            )
+        settings = settings_in(user_attrs) or {}
+        return cls(
+            {
+                digest: [s for _, s in sorted(timed, key=lambda t: t[0])]
+                for digest, timed in found.items()
+            },
+            str(settings.get(STATISTIC_KEY, DEFAULT_STATISTIC)),
+        )
+
+    @classmethod
+    def of_study(cls, storage: optuna.storages.BaseStorage, study_id: int) -> LatencyTable:
+        return cls.of_attrs(storage.get_study_user_attrs(study_id))
+
+    @property
+    def rounds(self) -> dict[str, list[list[float]]]:
+        """Digest -> every round of its sessions, in time order (what the key's measurement has
+        grown to, pooled or not)."""
+        return {
+            digest: [r for session in found for r in session.rounds]
+            for digest, found in self.sessions.items()
+        }
+
+    def result(self, digest: str | None) -> LatencyResult | None:
+        """The key's latency over its pooled sessions, or None while it has not been
+        measured."""
+        rounds = [r for session in self.pooled(digest or "") for r in session.rounds]
+        return LatencyResult.of_rounds(rounds) if rounds else None
+
+    def pooled(self, digest: str) -> list[Session]:
+        """The sessions the key's latency rests on. A later trial's one steady added round
+        does not outweigh a whole measurement of too few steady ones; a session of as many
+        steady rounds does."""
+        found = self.sessions.get(digest, [])
+        counting = [s for s in found if s.counts]
+        left_out = [len(s.rounds) for s in found if not s.counts]
+        if left_out and sum(len(s.rounds) for s in counting) < max(left_out):
+            return found
+        return counting
+
+    def adding(
+        self, digest: str, rounds: Sequence[Sequence[float]], steady: bool | None = None
+    ) -> LatencyTable:
+        """This table with a session of `rounds` of `digest` added, as it reads once it is
+        recorded (no second read of the storage)."""
+        added = Session([list(r) for r in rounds], steady)
+        return replace(
+            self, sessions={**self.sessions, digest: [*self.sessions.get(digest, []), added]}
+        )
+
+    def round_count(self, digest: str) -> int:
+        return sum(len(s.rounds) for s in self.sessions.get(digest, []))
+
+    def session_count(self, digest: str) -> int:
+        return len(self.sessions.get(digest, []))
+
+    def counted_session_count(self, digest: str) -> int:
+        """The sessions that count the key's latency rests on: none while it pools a session
+        of too few steady rounds."""
+        pooled = self.pooled(digest)
+        return len(pooled) if all(s.counts for s in pooled) else 0
+
+
+def record_session(
+    storage: optuna.storages.BaseStorage,
+    study_id: int,
+    key: Mapping[str, Any],
+    rounds: Sequence[Sequence[float]],
+    steady: bool | None = None,
+) -> None:
+    """Add one finished measurement session of `key` to the study's table, with whether its
+    rounds were steady (`Timed.steady`; not written where they were not judged)."""
+    now = datetime.datetime.now(datetime.UTC).isoformat(timespec="microseconds")
+    session: dict[str, Any] = {
+        "rounds": [[round(value, 4) for value in r] for r in rounds],
+        "at": now,
+        "worker": f"{socket.gethostname()}:{os.getpid()}",
+    }
+    if steady is not None:
+        session["steady"] = steady
+    digest = digest_of(key)
+    # The same value whoever writes it: a race between workers changes nothing.
+    storage.set_study_user_attr(study_id, f"{_KEY_PREFIX}{digest}", dict(key))
+    storage.set_study_user_attr(study_id, f"{_PREFIX}{digest}:{uuid.uuid4().hex[:12]}", session)

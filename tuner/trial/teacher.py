@@ -1,0 +1,520 @@
+"""The study's distillation teacher (`train.distill.teacher`): chosen, trained once, stored with
+the study, and handed to every student.
+
+`auto` is the unedited model trained with the experiment's own values of the searched keys; a
+trial number is that trial's configuration trained again. A student learns from its outputs
+(`train.distill.alpha`; a trial at alpha 0 has no teacher) and may also start from its weights
+(`train.distill.start_from`), cut to the student's size. Either teacher is trained
+in a trial of the study (so it is also a point of the front) before any student, and stored as
+an MLflow artifact of that trial's run (`teacher/`: safetensors weights with the model's recipe,
+and the label names) named by a study attribute; every worker and every resume loads it from
+there. A stored teacher (`runs:/<run id>/teacher`, or a directory holding those files) is used
+as it is.
+
+Workers agree on the trial that trains it through the study's `teacher` lease
+(`tuner.teacher_trial`).
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import json
+import re
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import optuna
+import torch
+from omegaconf import DictConfig, OmegaConf
+from optuna.trial import FrozenTrial, TrialState
+from torch import nn
+
+from tuner.config import SearchSpace, candidate_values
+from tuner.data import Encoded
+from tuner.deploy import load_weights, read_recipe, save_weights
+from tuner.edits import apply_edits, edit_keys
+from tuner.errors import ConfigError, StudyStopped
+from tuner.models import MODEL_FAMILIES, ModelRecipe
+from tuner.store import BACKEND_KEY, RETRY_HISTORY
+from tuner.training import Distillation, TrainResult
+
+KEY = "train.distill.teacher"
+ALPHA_KEY = "train.distill.alpha"
+START_KEY = "train.distill.start_from"
+TEMPERATURE_KEY = "train.distill.temperature"
+# The weights a student starts from (`train.distill.start_from`).
+START_POINTS = ("pretrained", "teacher")
+# Study user attribute: teacher reference (`auto`, a trial number) -> where it is stored.
+STORED_ATTR = "teachers"
+# System attribute of a teacher trial: the reference it trains and the params it trains with.
+TRIAL_ATTR = "tuner:teacher"
+ARTIFACT_DIR = "teacher"
+_WEIGHTS = "teacher.safetensors"
+_LABELS = "labels.json"
+_ARTIFACT_URI = re.compile(r"^(runs|models|mlflow-artifacts|file|s3|gs|wasbs|hdfs):/")
+
+
+def _candidates(cfg: DictConfig, space: SearchSpace, key: str) -> list[Any]:
+
+    searched = space.distributions.get(key)
+    return candidate_values(searched) if searched else [OmegaConf.select(cfg, key)]
+
+
+def distilling(cfg: DictConfig, space: SearchSpace) -> bool:
+    """Whether any trial of the study can learn from a teacher."""
+    return any(float(alpha) > 0 for alpha in _candidates(cfg, space, ALPHA_KEY))
+
+
+def starts_from_teacher(train_cfg: DictConfig) -> bool:
+    """Whether a trial of `train_cfg` starts from the teacher's weights: only one that learns
+    from it (alpha 0 is no teacher at all)."""
+    return float(train_cfg.distill.alpha) > 0 and train_cfg.distill.start_from == "teacher"
+
+
+def student_of(
+    teacher: nn.Module, model_cfg: DictConfig, build: Callable[[], nn.Module]
+) -> nn.Module:
+    """A student that starts from the teacher's weights, the teacher left as it is: a copy of
+    it, or, in a family whose size keys build smaller architectures, the student's own
+    (`build`) filled with them; its structural edits applied either way. Every layer, the head
+    included, was trained on this task, so none is initialised anew."""
+    inherit = MODEL_FAMILIES.get(str(model_cfg.family)).inherit
+    if inherit is None:
+        student = copy.deepcopy(teacher)
+    else:
+        student = build()
+        inherit(teacher, student)
+    apply_edits(student, model_cfg)
+    return student
+
+
+def _edit_keys() -> set[str]:
+    return {f"model.{key}" for key in edit_keys()}
+
+
+def is_trained_in_study(reference: Any) -> bool:
+    """`auto` or a trial number: a teacher the study trains itself."""
+    return reference == "auto" or _trial_number(reference) is not None
+
+
+def _trial_number(reference: Any) -> int | None:
+    if isinstance(reference, bool):
+        return None
+    if isinstance(reference, int):
+        return reference
+    return int(reference) if isinstance(reference, str) and reference.isdigit() else None
+
+
+def teacher_params(
+    cfg: DictConfig, space: SearchSpace, reference: Any, trials: Sequence[FrozenTrial]
+) -> dict[str, Any]:
+    """The values a teacher trial trains with: every searched key (the backend aside) at the
+    experiment's own value, structural edits off (`auto`), or a trial's configuration; never
+    distilled itself, and started from the model's own weights."""
+    number = _trial_number(reference)
+    if number is None:
+        edited = _edit_keys()
+        params = {
+            key: None if key in edited else OmegaConf.select(cfg, key)
+            for key in space.distributions
+            if key != BACKEND_KEY
+        }
+        params.update({key: None for key in edited if OmegaConf.select(cfg, key) is not None})
+    else:
+        chosen = next((t for t in trials if t.number == number), None)
+        if chosen is None or chosen.state != TrialState.COMPLETE:
+            state = "does not exist" if chosen is None else f"is {chosen.state.name}"
+            raise ConfigError(
+                f"Invalid config: key '{KEY}': trial #{number} {state}; name a complete trial "
+                "of this study, auto, or a stored teacher (runs:/<run id>/teacher or a directory)"
+            )
+        params = {k: v for k, v in chosen.params.items() if k != BACKEND_KEY}
+    return {**params, ALPHA_KEY: 0.0, START_KEY: "pretrained"}
+
+
+class TeacherMissing(OSError):
+    """The stored teacher is confirmed gone: its run, artifact or files do not exist."""
+
+
+class TeacherUnreachable(OSError):
+    """The stored teacher could not be fetched: nothing says whether it is there."""
+
+
+# How long a teacher's download is tried again (waits doubling from 1 s) before the worker stops.
+FETCH_SECONDS = 60.0
+
+
+def _downloaded(location: str, tracking_uri: str) -> Path:
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    wait, deadline = 1.0, time.monotonic() + FETCH_SECONDS
+    while True:
+        try:
+            return Path(
+                mlflow.artifacts.download_artifacts(
+                    artifact_uri=location, tracking_uri=tracking_uri
+                )
+            )
+        except MlflowException as exc:
+            if exc.error_code == "RESOURCE_DOES_NOT_EXIST" and _root_visible(
+                location, tracking_uri
+            ):
+                raise TeacherMissing(f"{location}: {exc}") from None
+            error: Exception = exc
+        except Exception as exc:
+            error = exc
+        if time.monotonic() + wait > deadline:
+            raise TeacherUnreachable(
+                f"{location}: {type(error).__name__}: {error} (tried for {FETCH_SECONDS:.0f} s)"
+            ) from None
+        time.sleep(wait)
+        wait *= 2
+
+
+def _root_visible(location: str, tracking_uri: str) -> bool:
+    """Whether a `runs:/` teacher's run could be seen whole from here: a run kept in a local
+    directory that this host does not have says nothing about whether the teacher exists."""
+    if not location.startswith("runs:/"):
+        return True
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    run_id = location.removeprefix("runs:/").split("/", 1)[0]
+    try:
+        artifact_uri = MlflowClient(tracking_uri).get_run(run_id).info.artifact_uri
+    except MlflowException as exc:
+        return exc.error_code == "RESOURCE_DOES_NOT_EXIST"  # the run itself is gone
+    if artifact_uri.startswith("file:") or "://" not in artifact_uri:
+        return Path(artifact_uri.removeprefix("file://").removeprefix("file:")).is_dir()
+    return True
+
+
+@dataclass(frozen=True)
+class StoredTeacher:
+    """A teacher's files: its weights (with the recipe of its architecture in their metadata)
+    and label names."""
+
+    weights: Path
+    recipe: ModelRecipe
+    label_names: list[str]
+
+    @classmethod
+    def load(cls, location: str, tracking_uri: str) -> StoredTeacher:
+        """From a local directory, or an MLflow artifact URI. Raises `TeacherMissing` when it is
+        confirmed not there (or not a teacher), `TeacherUnreachable` when it could not be asked
+        for `FETCH_SECONDS` (a tracking server down, an artifact root this host cannot see).
+        The weights are read by `model`."""
+        directory = Path(location)
+        if _ARTIFACT_URI.match(location):
+            directory = _downloaded(location, tracking_uri)
+        weights, labels = directory / _WEIGHTS, directory / _LABELS
+        if not weights.is_file() or not labels.is_file():
+            raise TeacherMissing(f"{location} holds no teacher ({_WEIGHTS} and {_LABELS})")
+        return cls(weights, read_recipe(weights), list(json.loads(labels.read_text())))
+
+    def model(self) -> nn.Module:
+        return load_weights(self.weights)
+
+    def check_fits(self, model_cfg: DictConfig, label_names: Sequence[str], location: str) -> None:
+        """Refuse a teacher that reads other inputs or predicts other labels, naming the key."""
+        family = str(model_cfg.family)
+        if self.recipe.model.get("family") != family:
+            raise ConfigError(
+                f"Invalid config: key '{KEY}': the teacher at {location} is a "
+                f"{self.recipe.model.get('family')} model, the study's model.family is {family}"
+            )
+        for key in MODEL_FAMILIES.get(family).input_keys:
+            theirs, ours = self.recipe.model.get(key), model_cfg.get(key)
+            if theirs != ours:
+                raise ConfigError(
+                    f"Invalid config: key '{KEY}': the teacher at {location} reads inputs of "
+                    f"model.{key}={theirs}, the study's model has model.{key}={ours}"
+                )
+        if list(self.label_names) != list(label_names):
+            raise ConfigError(
+                f"Invalid config: key '{KEY}': the teacher at {location} predicts labels "
+                f"{self.label_names}, the study's data has {list(label_names)}"
+            )
+
+
+def save_teacher(
+    model: nn.Module, recipe: ModelRecipe, label_names: Sequence[str], directory: Path
+) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    save_weights(model.eval(), recipe, directory / _WEIGHTS)
+    (directory / _LABELS).write_text(json.dumps(list(label_names)))
+    return directory
+
+
+@dataclass(frozen=True)
+class TrainedTeacher:
+    """A teacher the study trained and stored: the trial that trained it, where it is stored,
+    and how it trained (its epochs, time and device, without validation logits; None in a
+    record written before tuner kept them)."""
+
+    trial: int
+    location: str
+    training: TrainResult | None
+
+
+@dataclass
+class Teachers:
+    """The study's teacher for one invocation: where it is, and, once loaded, the model and its
+    logits of the training set (computed once, shared by every student)."""
+
+    reference: Any
+    tracking_uri: str
+    label_names: list[str]
+    # Set for a teacher the study trains itself: the params its trial trains with.
+    params: dict[str, Any] | None = None
+    # The teacher's files (fetched once), the loaded teacher and its logits of the training
+    # set, each with where they were read from.
+    _files: tuple[str, StoredTeacher] | None = field(default=None, repr=False)
+    _model: tuple[str, nn.Module] | None = field(default=None, repr=False)
+    _logits: tuple[str, torch.Tensor] | None = field(default=None, repr=False)
+
+    def _record(self, stored: Mapping[str, Any]) -> Mapping[str, Any] | None:
+        """The study attribute's record of a teacher the study trains, once it is stored."""
+        if self.params is None:
+            return None
+        return (stored.get(STORED_ATTR) or {}).get(str(self.reference))
+
+    def location(self, stored: Mapping[str, Any]) -> str | None:
+        """Where the teacher is: the study attribute's record for a trained one."""
+        if self.params is None:
+            return str(self.reference)
+        record = self._record(stored)
+        return None if record is None else str(record["uri"])
+
+    def trained(self, stored: Mapping[str, Any]) -> TrainedTeacher | None:
+        """For a teacher the study trains, once it is stored: which trial trained it, and how."""
+        record = self._record(stored)
+        if record is None:
+            return None
+        training = record.get("training")
+        return TrainedTeacher(
+            int(record["trial"]),
+            str(record["uri"]),
+            None if training is None else TrainResult.of_summary(training),
+        )
+
+    def _stored_at(self, stored: Mapping[str, Any]) -> str:
+        location = self.location(stored)
+        if location is None:
+            raise StudyStopped(f"no teacher is stored for {KEY}={self.reference}")
+        return location
+
+    def files_at(self, location: str) -> StoredTeacher:
+        """The teacher's files, fetched once; `TeacherMissing` or `TeacherUnreachable` else."""
+        if self._files is None or self._files[0] != location:
+            self._files = (location, StoredTeacher.load(location, self.tracking_uri))
+        return self._files[1]
+
+    def model(self, stored: Mapping[str, Any]) -> nn.Module:
+        """The teacher, loaded once (students must not change it: copy it to start from)."""
+        return self.model_at(self._stored_at(stored))
+
+    def model_at(self, location: str) -> nn.Module:
+        if self._model is None or self._model[0] != location:
+            files = self.files_at(location)
+            # Building the architecture before its weights are read draws from the global
+            # generator; a trial's training, seeded before, must not depend on whether the
+            # teacher was loaded already in this process.
+            with torch.random.fork_rng():
+                self._model = (location, files.model())
+        return self._model[1]
+
+    def distillation(
+        self, train_cfg: DictConfig, train_data: Encoded, stored: Mapping[str, Any]
+    ) -> Distillation:
+        model, location = self.model(stored), str(self.location(stored))
+        if self._logits is None or self._logits[0] != location:
+            self._logits = (location, Distillation.of(model, 0.0, 1.0, train_data).train_logits)
+        distill = train_cfg.distill
+        return Distillation(
+            model,
+            float(distill.alpha),
+            float(distill.temperature),
+            self._logits[1],
+            float(distill.hidden_weight),
+        )
+
+
+def teacher_of(trial: FrozenTrial, by_number: Mapping[int, FrozenTrial]) -> dict[str, Any] | None:
+    """A teacher trial's record (reference and params), also for its retries, which carry it
+    in the trial they retry."""
+    first = by_number.get(int(trial.system_attrs.get(RETRY_HISTORY, [trial.number])[0]), trial)
+    return first.system_attrs.get(TRIAL_ATTR)
+
+
+def record_stored(
+    storage: optuna.storages.BaseStorage,
+    study_id: int,
+    reference: Any,
+    trial: int,
+    uri: str,
+    training: TrainResult,
+) -> None:
+    """Record where the teacher is stored, which trial trained it and how (its epochs, time
+    and device: a retry of that trial loads it and shows the same training)."""
+    stored = dict(storage.get_study_user_attrs(study_id).get(STORED_ATTR) or {})
+    stored[str(reference)] = {
+        "trial": trial,
+        "uri": uri,
+        "training": training.summary(),
+    }
+    storage.set_study_user_attr(study_id, STORED_ATTR, stored)
+
+
+def teachers_for(
+    cfg: DictConfig,
+    space: SearchSpace,
+    label_names: Sequence[str],
+    trials: Sequence[FrozenTrial],
+    study_attrs: Mapping[str, Any],
+) -> Teachers | None:
+    """The study's teacher, checked before anything trains; None when nothing distils."""
+    if not distilling(cfg, space):
+        return None
+    family = MODEL_FAMILIES.get(str(cfg.model.family))
+    if float(cfg.train.distill.hidden_weight) > 0 and not family.layer_stack:
+        raise ConfigError(
+            f"Invalid config: key 'train.distill.hidden_weight': {cfg.model.family} models have "
+            "no stack of transformer layers whose hidden states a student could learn; set it "
+            "to 0 (logits distillation works for every model)"
+        )
+    reference = cfg.train.distill.teacher
+    uri = str(cfg.tracking.uri)
+    if is_trained_in_study(reference):
+        params = teacher_params(cfg, space, reference, trials)
+        teachers = Teachers(reference, uri, list(label_names), params)
+        if _starts_from_teacher_anywhere(cfg, space):
+            teacher_model = _architecture(cfg, params, teachers, study_attrs)
+            _check_start_from(cfg, space, teacher_model, f"{KEY}={reference}", len(label_names))
+        return teachers
+    location = str(reference)
+    try:
+        stored = StoredTeacher.load(location, uri)
+    except OSError as exc:
+        raise ConfigError(f"Invalid config: key '{KEY}': {exc}") from None
+    stored.check_fits(cfg.model, label_names, location)
+    if _starts_from_teacher_anywhere(cfg, space):
+        _check_start_from(
+            cfg, space, stored.recipe.model, f"the teacher at {location}", len(label_names)
+        )
+    try:
+        stored.model()
+    except Exception as exc:  # weights that do not fill the recipe's architecture
+        raise ConfigError(
+            f"Invalid config: key '{KEY}': the teacher at {location} cannot be loaded: "
+            f"{type(exc).__name__}: {exc}"
+        ) from None
+    return Teachers(location, uri, list(label_names))
+
+
+def _starts_from_teacher_anywhere(cfg: DictConfig, space: SearchSpace) -> bool:
+    return "teacher" in _candidates(cfg, space, START_KEY)
+
+
+def _architecture(
+    cfg: DictConfig, params: Mapping[str, Any], teachers: Teachers, study_attrs: Mapping[str, Any]
+) -> Mapping[str, Any]:
+    """The `model` config of a teacher the study trains: as stored, once it is (a resume with
+    other model settings must not start students from a model it no longer describes); else
+    the study's with the teacher's params."""
+    location = teachers.location(study_attrs)
+    if location is not None:
+        try:
+            return teachers.files_at(location).recipe.model
+        except OSError:  # gone or out of reach: `tuner.teacher_trial` decides which
+            pass
+    model = OmegaConf.to_container(cfg.model, resolve=True)
+    assert isinstance(model, dict)
+    model.update({k[len("model.") :]: v for k, v in params.items() if k.startswith("model.")})
+    return model
+
+
+def _check_start_from(
+    cfg: DictConfig,
+    space: SearchSpace,
+    teacher_model: Mapping[str, Any],
+    teacher: str,
+    num_labels: int,
+) -> None:
+    """Students that start from the teacher's weights take them at their own size: refuse a
+    teacher that is already edited, whose architecture differs from the study's in anything but
+    the students' structural edits and size keys (searched or fixed), or that a student of the
+    study would not fit into, naming the key."""
+    family = MODEL_FAMILIES.get(str(cfg.model.family))
+    shaping = _edit_keys() | {f"model.{key}" for key in family.size_keys}
+    why = (
+        f"Invalid config: key '{START_KEY}': teacher: students start from the teacher's weights "
+        "at their own size"
+    )
+    built = [k for k in space.distributions if k.startswith("model.") and k not in shaping]
+    if built:
+        sizes = [k for k in sorted(shaping) if k[len("model.") :] in cfg.model]
+        raise ConfigError(
+            f"{why}, and the space searches {built[0]}, which does not size a model (a student "
+            f"taken from the teacher could not follow it); search only "
+            f"{', '.join(sizes) or 'no model keys'}, or start from pretrained"
+        )
+    for key in sorted(_edit_keys()):
+        value = teacher_model.get(key[len("model.") :])
+        if value is not None:
+            raise ConfigError(
+                f"{why}, and {teacher} is already edited ({key}={value}); use an unedited "
+                f"teacher ({KEY}=auto) or start from pretrained"
+            )
+    ours = OmegaConf.to_container(cfg.model, resolve=True)
+    assert isinstance(ours, dict)
+    for name, value in ours.items():
+        if f"model.{name}" not in shaping and teacher_model.get(name) != value:
+            raise ConfigError(
+                f"{why}, and {teacher} has model.{name}={teacher_model.get(name)}, the study's "
+                f"model has model.{name}={value}"
+            )
+    if family.inherit is not None:
+        _check_students_fit(cfg, space, teacher_model, num_labels, f"{why}, and {teacher}")
+
+
+def _check_students_fit(
+    cfg: DictConfig,
+    space: SearchSpace,
+    teacher_model: Mapping[str, Any],
+    num_labels: int,
+    refusal: str,
+) -> None:
+    """Fill a student of every candidate size with an untrained teacher's weights, as a trial
+    would with the trained one: a student larger than the teacher is refused before training."""
+    family = MODEL_FAMILIES.get(str(cfg.model.family))
+    keys = [f"model.{key}" for key in family.size_keys]
+    # Building models draws from the global generator, which must not move before training.
+    with torch.random.fork_rng(devices=[]):
+        teacher = family.build(OmegaConf.create(dict(teacher_model)), num_labels)
+        for sizes in itertools.product(*(_candidates(cfg, space, key) for key in keys)):
+            student_cfg = cfg.model.copy()
+            for key, value in zip(keys, sizes, strict=True):
+                student_cfg[key[len("model.") :]] = value
+            try:
+                family.inherit(teacher, family.build(student_cfg, num_labels))
+            except ValueError as exc:
+                size = ", ".join(f"{key}={value}" for key, value in zip(keys, sizes, strict=True))
+                raise ConfigError(f"{refusal} does not fit a student of {size}: {exc}") from None
+
+
+def store_after_training(
+    model: nn.Module,
+    recipe: ModelRecipe,
+    label_names: Sequence[str],
+    log_artifacts: Callable[[Path], str],
+) -> str:
+    """Save a trained teacher and log it; returns its artifact URI."""
+    with tempfile.TemporaryDirectory(prefix="tuner-teacher-") as workdir:
+        return log_artifacts(save_teacher(model, recipe, label_names, Path(workdir) / ARTIFACT_DIR))
