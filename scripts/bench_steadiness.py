@@ -4,8 +4,8 @@
 
 Rebuilds the front of the study the overrides compose (untrained, as `retime_front.py` does)
 and, for `--seconds`, takes windows back to back: a reading of the machine reference
-(`tuner.steadiness`), then each front artifact's fastest of `--calls` calls, and so on, with a
-reading after the last. A window counts as steady as a round of a measurement does: both
+(`tuner.latency.steadiness`), then each front artifact's fastest of `--calls` calls, and so on,
+with a reading after the last. A window counts as steady as a round of a measurement does: both
 readings around it within `deploy.latency.steady_within` of the floor (the second-fastest
 reading; here the run's, where a measurement judges by the floor as it stands). Per point the
 table gives its fastest window, the share of all windows within 10% of that, and the same share

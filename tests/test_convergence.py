@@ -81,6 +81,6 @@ def test_a_configured_reference_never_replaces_the_stored_one():
     study = _study([(0.8, 10.0, 0.8)])
     convergence(study, FIXED_LATENCY, study_points(study))
     # A command line may give another one: the study's settings refuse it at start-up
-    # (`tuner.settings`), and the stored reference is what the curve is computed against.
+    # (`tuner.store.settings`), and the stored reference is what the curve is computed against.
     other = OmegaConf.create({"val_accuracy": 0.3, "latency_ms_p50": 99.0})
     assert convergence(study, other, study_points(study)).reference == (0.5, 20.0)

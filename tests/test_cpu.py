@@ -21,7 +21,7 @@ from tuner.study.run import check_same_space
 
 
 def _flags() -> set[str]:
-    """This CPU's flags, read here independently of tuner.backends.cpu."""
+    """This CPU's flags, read here independently of tuner.latency.machine."""
     for line in Path("/proc/cpuinfo").read_text().splitlines():
         if line.startswith("flags"):
             return set(line.split(":", 1)[1].split())

@@ -18,7 +18,7 @@ from tuner.store.settings import CHANGES_ATTR, SETTINGS_ATTR, settings_of
 
 SMOKE = ["+experiment=bert_ffn", "debug=smoke"]
 STUDY = "bert_ffn-smoke"
-# What a trial records about the data settings it was made on (`tuner.data_settings`).
+# What a trial records about the data settings it was made on (`tuner.store.data_settings`).
 DATA_SETTINGS = "data_settings"
 
 

@@ -1,5 +1,5 @@
-"""The study's lease (`tuner.lease`): exclusive between real processes whatever their clocks say,
-released when its holder dies, and nothing left behind. SQLite and the private PostgreSQL."""
+"""The study's lease (`tuner.store.lease`): exclusive between real processes whatever their clocks
+say, released when its holder dies, and nothing left behind. SQLite and the private PostgreSQL."""
 
 from __future__ import annotations
 

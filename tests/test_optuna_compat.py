@@ -1,4 +1,4 @@
-"""The private Optuna API tuner relies on (`tuner.optuna_compat`), checked against the Optuna
+"""The private Optuna API tuner relies on (`tuner.store.optuna_compat`), checked against the Optuna
 installed: an upgrade that moves any of it fails here first."""
 
 from __future__ import annotations

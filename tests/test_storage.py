@@ -1,5 +1,5 @@
-"""The study's storage (`tuner.storage`): only calls that are safe to repeat are retried, and a
-running trial that never beat goes stale. Real SQLite storages; the lost connection is an
+"""The study's storage (`tuner.store.storage`): only calls that are safe to repeat are retried, and
+a running trial that never beat goes stale. Real SQLite storages; the lost connection is an
 error raised after the real call, as a connection that drops after its commit gives."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Workers agree on the one trial that trains the study's teacher (`tuner.teacher_trial`): it is
-queued once however many workers start together, a dead worker's attempt is queued again once,
+"""Workers agree on the one trial that trains the study's teacher (`tuner.study.teacher_trial`): it
+is queued once however many workers start together, a dead worker's attempt is queued again once,
 and only a teacher confirmed gone is trained again. Real SQLite and PostgreSQL storages; the
 training itself is replaced by storing a small real teacher, which is all the agreement sees."""
 

@@ -57,8 +57,8 @@ from tuner.store import (
 from tuner.tracking import MODEL_ABSENT_TAG, MODEL_ERROR_TAG, override_keys
 
 TEST_METRIC = "test_accuracy"
-# Beside the test accuracy on a point's run: the data fingerprint (`tuner.data_settings`) of the
-# split it was measured on, so that a value measured on another split is never reused.
+# Beside the test accuracy on a point's run: the data fingerprint (`tuner.store.data_settings`) of
+# the split it was measured on, so that a value measured on another split is never reused.
 TEST_SPLIT_TAG = "tuner.test_split"
 
 
@@ -135,7 +135,7 @@ def load_study(cfg: DictConfig) -> optuna.Study:
 def study_settings(
     study: optuna.Study, cfg: DictConfig, typed: set[str]
 ) -> tuple[Constraints, DictConfig]:
-    """The constraints and data config the study was made with (`tuner.settings`); a key typed
+    """The constraints and data config the study was made with (`tuner.store.settings`); a key typed
     on this command line that says otherwise is refused."""
     stored = stored_settings(study)
     if stored is None:

@@ -207,7 +207,7 @@ def deploy_on(
 
     Args:
         timer: the loaded artifact -> its latency; by default it is timed under `protocol`
-            (a study passes its latency table's, `tuner.latency_table`). Where it gives None,
+            (a study passes its latency table's, `tuner.store.latency_table`). Where it gives None,
             the result's latency is None and its `logits_of` stays loaded for the caller.
     """
     started = time.perf_counter()

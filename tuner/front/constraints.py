@@ -79,7 +79,7 @@ class Constraints:
 
     @classmethod
     def of_settings(cls, settings: Mapping[str, Any]) -> Constraints:
-        """From a study's recorded settings (`tuner.settings`: flat keys)."""
+        """From a study's recorded settings (`tuner.store.settings`: flat keys)."""
         return cls(settings.get("study.max_accuracy_drop"), settings.get("study.latency_budget_ms"))
 
     @classmethod

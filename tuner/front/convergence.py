@@ -1,7 +1,7 @@
 """How far the search has got: the hypervolume of the feasible front.
 
 The hypervolume is that of the front as it stands: the points feasible against the study's
-current baseline (`tuner.constraints`). It is not monotone: when a better model raises the
+current baseline (`tuner.front.constraints`). It is not monotone: when a better model raises the
 baseline under `study.max_accuracy_drop`, points that were feasible drop out and it can fall.
 It is logged with the number of trained configurations as its step (other backends' points of
 one model are not steps of the search) and, as `search_seconds`, the wall-clock seconds since
@@ -9,8 +9,8 @@ the study's first trial started.
 
 Hypervolume curves are only comparable against one reference point, so the study fixes it once
 (in its Optuna user attributes) and every later invocation or worker reuses it: the configured
-`study.hypervolume_reference` (a study setting, see `tuner.settings`), or, where its latency is
-null, twice the slowest point known when the first front was published.
+`study.hypervolume_reference` (a study setting, see `tuner.store.settings`), or, where its latency
+is null, twice the slowest point known when the first front was published.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The study's points, front and baseline over the points of its current data settings
-(`tuner.data_settings`), as the study run, its MLflow front and the report show them."""
+(`tuner.store.data_settings`), as the study run, its MLflow front and the report show them."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 join the accuracy/latency front.
 
 Optuna's pruners take one intermediate value and refuse multi-objective studies. Here a trial
-knows its latencies before it trains (`tuner.latency_table`), so at each epoch end only its
+knows its latencies before it trains (`tuner.store.latency_table`), so at each epoch end only its
 accuracy is open. Its final eager accuracy is bounded optimistically by the accuracy so far plus
 the largest gain any complete trial of the study made from the same epoch to its last, plus
 `margin`; each backend's point by that plus the most that backend's points have ever gained over

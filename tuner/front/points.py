@@ -86,7 +86,7 @@ def failures_of(trials: Sequence[optuna.trial.FrozenTrial]) -> Failures:
 
 def study_points(study: optuna.Study, constraints: Constraints | None = None) -> list[Point]:
     """Every complete trial of the study made on its current data settings as a point (a point
-    of another split is left out: `tuner.data_settings`); see `points_of`."""
+    of another split is left out: `tuner.store.data_settings`); see `points_of`."""
     from tuner.store import LatencyTable, current_split
 
     table = LatencyTable.of_attrs(study.user_attrs)
@@ -101,8 +101,8 @@ def points_of(
 ) -> list[Point]:
     """Every complete trial as a point; `pareto` marks the front of the feasible ones.
 
-    Feasibility is recomputed here against the study's baseline (`tuner.constraints`), so it is
-    right even for points made before the model that sets it existed. With the study's latency
+    Feasibility is recomputed here against the study's baseline (`tuner.front.constraints`), so it
+    is right even for points made before the model that sets it existed. With the study's latency
     `table`, a point's latency is its key's as the table now stands (rounds added since the point
     was made included), summarised by the study's statistic, so every point of one architecture
     and backend has the same; a point made before the study had a table keeps the latency it was

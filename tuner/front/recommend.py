@@ -1,7 +1,7 @@
 """Which point of the front to deploy, under a rule the user states.
 
 The default rule is the common one for shipping: the fastest point within one accuracy point of
-the study's baseline, the best eager fp32 model (`tuner.constraints.baseline_of`, the same
+the study's baseline, the best eager fp32 model (`tuner.front.constraints.baseline_of`, the same
 baseline the constraints and the console use). A latency budget instead picks the most accurate
 point that fits it; with both, the fastest point within the drop that also fits the budget.
 """

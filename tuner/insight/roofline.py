@@ -7,7 +7,7 @@ smaller of the peak of the precision its backend computes in and its arithmetic 
 (FLOPs per byte of weights read per call, a lower bound on the traffic at batch 1) times the
 bandwidth. `roofline_fraction` is their ratio: near 1, the kernels run at the machine's limit;
 far below, time goes to something other than arithmetic (layout ops, dispatch, small shapes).
-Measuring the peaks and counting FLOPs is `tuner.insight.measure`'s job; this module needs no
+Measuring the peaks and counting FLOPs is `tuner.latency.peak`'s job; this module needs no
 torch, so the front can read it.
 """
 

@@ -53,11 +53,11 @@ class LatencyProtocol:
             ranks by (`LATENCY_STATISTICS`), its objective `objective_name(statistic)`.
         front_sessions: measurement sessions of steady rounds (or not judged) each latency on
             the study's front rests on at the end of a run: front keys with fewer are timed
-            again then, at most this many times per run (`tuner.retime`), so no front latency
-            is one stretch of a shared machine's load. 1: none is.
+            again then, at most this many times per run (`tuner.study.confirmation`), so no front
+            latency is one stretch of a shared machine's load. 1: none is.
         steady_within: a round counts as steady when the machine reference read, before and
             after it, within this fraction of the process's fastest readings
-            (`tuner.steadiness`); None: every round counts, none is timed again.
+            (`tuner.latency.steadiness`); None: every round counts, none is timed again.
         steady_attempts: rounds a measurement may time per round it keeps, to find steady
             ones; where too few are, it keeps the steadiest. 1: no round is judged.
         steady_wait_s: seconds the front's confirmation waits, at most, for the machine
@@ -244,7 +244,7 @@ def time_rounds(
 
     Rounds are judged with `protocol.steady_within` and `steady_attempts` > 1 (and no
     callable on a GPU): the machine reference is read before the first round and after each,
-    and rounds are timed until `rounds` of them are steady (`tuner.steadiness`), at most
+    and rounds are timed until `rounds` of them are steady (`tuner.latency.steadiness`), at most
     `steady_attempts` times as many; those are kept (or, short of them, the steadiest), and
     `on_set_aside(set aside, timed)` hears of the rounds that were not."""
     wanted = protocol.rounds if rounds is None else rounds

@@ -1,6 +1,6 @@
 """Which data settings each point was trained and validated on; the points of today's.
 
-A recorded change of a `data.*` setting (`study.change_settings`, `tuner.settings`) can change
+A recorded change of a `data.*` setting (`study.change_settings`, `tuner.store.settings`) can change
 the split. Points made before it were trained and validated on other examples: their validation
 accuracies do not compare with today's, and today's test split may hold their training examples.
 So every point records a fingerprint of the study's data settings (`DATA_SETTINGS_ATTR`), and the

@@ -11,7 +11,7 @@ MODEL_URI_ATTR = "mlflow_model_uri"
 FAIL_REASON_ATTR = "fail_reason"
 # Set on a failed trial whose model trained but whose backend failed: a failed point.
 FAILED_BACKEND_ATTR = "failed_backend"
-# The digest of a point's latency key in the study's latency table (`tuner.latency_table`).
+# The digest of a point's latency key in the study's latency table (`tuner.store.latency_table`).
 LATENCY_KEY_ATTR = "latency_key"
 # Set on every point of a study's distillation teacher: the `train.distill.teacher` reference
 # it was trained for. The teacher trains with fixed values, not sampled params, so its points

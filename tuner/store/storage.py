@@ -7,7 +7,7 @@ again). A running trial that never beat is stale once this worker has seen it so
 period (by its own monotonic clock: no two hosts' clocks are compared): its worker died between
 creating it and its first heartbeat.
 
-Only calls that are safe to repeat are retried on transient errors (`tuner.retries`): reads,
+Only calls that are safe to repeat are retried on transient errors (`tuner.store.retries`): reads,
 heartbeats, attributes and params (the same value written twice is one write) and finishing a
 trial (a repeat that finds it finished in that state is done). Creating a trial or claiming one
 is not retried, by tuner or by Optuna (`SingleAttemptRDBStorage`): done twice it would leave a

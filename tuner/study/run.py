@@ -443,8 +443,8 @@ def _confirm_front(
     record_front: Callable[[optuna.Study], None],
     tracker: Tracker,
 ) -> bool:
-    """The end of a run: the front's latencies confirmed (`tuner.retime`), the front published
-    again if they changed (returns whether they did), and every point's run brought to the
+    """The end of a run: the front's latencies confirmed (`tuner.study.confirmation`), the front
+    published again if they changed (returns whether they did), and every point's run brought to the
     table. The trials are all recorded by now, so a failure here is said and leaves the
     latencies as they were."""
     confirmations = []

@@ -58,7 +58,7 @@ def ensure_trained(
     """Return once the study's teacher is stored: train it in the trial this worker claims, or
     wait while another worker trains it. An attempt that fails for a reason while this runs
     stops the study with it; one whose worker died is queued again. A database lost on the way
-    is waited for (`tuner.worker_loop.carry_on`)."""
+    is waited for (`tuner.study.worker_loop.carry_on`)."""
     if teachers is None or teachers.params is None:
         return
     while True:

@@ -2,7 +2,7 @@
 other workers' trials run, taking any that is queued again.
 
 A database outage is ridden out: calls that are safe to repeat are retried by the storage
-(`tuner.storage`); a write that failed ends `study.optimize`, and the worker waits for the
+(`tuner.store.storage`); a write that failed ends `study.optimize`, and the worker waits for the
 database (`RETRY_SECONDS`) and goes on. What that write may have left (a trial created but never
 started) is found stale and queued again. A trial that another worker failed as stale while
 this one still ran it (an outage longer than the heartbeat's grace period) is left to its retry.
@@ -51,7 +51,7 @@ def run_to_budget(
     requeue_orphans: Callable[[], None],
 ) -> None:
     """Run trials until the study holds `n_trials` trained configurations (see
-    `tuner.budget`), then stay while other workers' trials run: if one of them dies, its
+    `tuner.store.budget`), then stay while other workers' trials run: if one of them dies, its
     heartbeat lapses, it is queued again, and this worker takes it."""
     told = False
     lost = 0

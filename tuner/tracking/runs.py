@@ -77,7 +77,7 @@ class Tracker:
     def __init__(self, uri: str, experiment: str) -> None:
         mlflow.set_tracking_uri(uri)
         with creating(uri):
-            # Every call rides out a restarting tracking database (see tuner.retries).
+            # Every call rides out a restarting tracking database (see tuner.store.retries).
             self.client = RetryingProxy(MlflowClient(uri))
             self.experiment_id = self._experiment_id(experiment)
 

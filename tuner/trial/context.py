@@ -77,7 +77,7 @@ class TrialContext:
 
     def split_trials(self) -> list[optuna.trial.FrozenTrial]:
         """The study's trials made on its current data settings: the only ones whose points a
-        trial is judged against (`tuner.data_settings`)."""
+        trial is judged against (`tuner.store.data_settings`)."""
         study_attrs = self.storage.get_study_user_attrs(self.study_id)
         return current_split(self.study_trials(), study_attrs).trials
 

@@ -1,7 +1,7 @@
 """One trial: sample, build, edit, initialise, train once, then deploy on every backend.
 
 Every listed backend is deployed; none is sampled. The trial carries its configuration's
-representative point (`tuner.trial_points.representative`: the one that dominates the most
+representative point (`tuner.trial.points.representative`: the one that dominates the most
 area against the study's hypervolume reference), which is what the sampler learns from; each
 other backend becomes a point of its own, an Optuna trial added to the study with the same
 training params and that backend, so the front and MLflow see one point per (trained config,
@@ -480,7 +480,7 @@ class Objective:
     def _pruned(self, trial: optuna.Trial, run_id: str, pruned: NotWorthTraining) -> None:
         """Not trained further: the run is closed KILLED with the reason (its epochs so far
         stay), and Optuna records the trial PRUNED; the sampler is shown it as the poor
-        complete trial it stands for (`tuner.early_stopping.sampler_view`)."""
+        complete trial it stands for (`tuner.front.early_stopping.sampler_view`)."""
         reason = str(pruned)
         ctx = self.context
         view = pruned.sampler_view(ctx.constraints, baseline_of(ctx.split_trials()))

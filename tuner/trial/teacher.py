@@ -12,7 +12,7 @@ there. A stored teacher (`runs:/<run id>/teacher`, or a directory holding those 
 as it is.
 
 Workers agree on the trial that trains it through the study's `teacher` lease
-(`tuner.teacher_trial`).
+(`tuner.study.teacher_trial`).
 """
 
 from __future__ import annotations
@@ -432,7 +432,7 @@ def _architecture(
     if location is not None:
         try:
             return teachers.files_at(location).recipe.model
-        except OSError:  # gone or out of reach: `tuner.teacher_trial` decides which
+        except OSError:  # gone or out of reach: `tuner.study.teacher_trial` decides which
             pass
     model = OmegaConf.to_container(cfg.model, resolve=True)
     assert isinstance(model, dict)

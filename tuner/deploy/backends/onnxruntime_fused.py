@@ -2,7 +2,7 @@
 transformer optimizer's attention, skip+LayerNorm, bias+GELU and embedding+LayerNorm kernels;
 for images, convolutions with their batch norm folded in and their activation fused. The
 fused graph is the artifact, so what ships is what was timed; the point records which fused
-operators it holds (`tuner.backends.fusion`)."""
+operators it holds (`tuner.deploy.backends.support.fusion`)."""
 
 from __future__ import annotations
 

@@ -2,9 +2,9 @@
 
 Weights are plain tensors in safetensors files with the model's recipe in their metadata: the
 float weights, or a quantised model's state dict laid out as plain tensors
-(`tuner.backends.quantized_state`). Loading rebuilds the architecture from the recipe and fills
-it, so no artifact can run code when it is loaded. Quantised artifacts made by earlier versions
-are torch.save files, read back with `torch.load(weights_only=True)`.
+(`tuner.deploy.backends.support.quantized_state`). Loading rebuilds the architecture from the
+recipe and fills it, so no artifact can run code when it is loaded. Quantised artifacts made by
+earlier versions are torch.save files, read back with `torch.load(weights_only=True)`.
 """
 
 from __future__ import annotations
