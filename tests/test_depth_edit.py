@@ -105,3 +105,33 @@ def test_fraction_edits_name_their_own_key_on_a_model_without_the_structure():
         apply_edits(flat, OmegaConf.create({"ffn_width_fraction": 0.5}))
     with pytest.raises(ConfigError, match="key 'model.num_layers_fraction': the model has no"):
         apply_edits(flat, OmegaConf.create({"num_layers_fraction": 0.5}))
+
+
+@pytest.mark.parametrize(
+    ("edits", "expected"),
+    [
+        # The unedited 2-layer tiny BERT, FFN 1536 wide: it records its own width and depth.
+        ({}, {"model.ffn_width": 1536, "model.num_layers": 2}),
+        # Typed absolute values are what it deploys.
+        ({"ffn_width": 1024, "num_layers": 1}, {"model.ffn_width": 1024, "model.num_layers": 1}),
+        # Fractions: 1536 x 0.5 = 768 (a multiple of 64); 2 x 0.5 = 1 layer.
+        (
+            {"ffn_width_fraction": 0.5, "num_layers_fraction": 0.5},
+            {"model.ffn_width": 768, "model.num_layers": 1},
+        ),
+    ],
+)
+def test_the_architecture_names_the_width_and_depth_deployed(tiny_bert, edits, expected):
+    from tuner.edits import architecture_of
+
+    before = copy.deepcopy(tiny_bert.state_dict())
+    assert architecture_of(tiny_bert, OmegaConf.create(edits)) == expected
+    # Read off the unedited model, which it leaves as it was.
+    assert all(torch.equal(before[k], v) for k, v in tiny_bert.state_dict().items())
+
+
+def test_a_model_without_layers_or_ffns_has_no_architecture_to_name():
+    from tuner.edits import architecture_of
+
+    flat = torch.nn.Sequential(torch.nn.Linear(4, 4))
+    assert architecture_of(flat, OmegaConf.create({})) == {}

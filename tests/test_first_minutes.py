@@ -4,12 +4,15 @@ progress in a log, and how to review a finished study."""
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 
 import optuna
 import pytest
 from conftest import REPO, run_cli
+
+from tuner.trial.points import ARCHITECTURE_ATTR
 
 SMOKE = ("+experiment=bert_ffn", "debug=smoke")
 
@@ -255,6 +258,13 @@ def test_an_absolute_edit_typed_on_the_command_line_fixes_it(tmp_path):
     (trial,) = optuna.load_study(study_name="bert_ffn-smoke", storage=storage).trials
     assert "model.ffn_width_fraction" not in trial.params
     assert "model.num_layers_fraction" in trial.params
+    # Its record names the model it deployed: the typed width, and the depth its fraction of
+    # the smoke encoder's 6 layers stands for (rounded half up).
+    layers = max(1, math.floor(trial.params["model.num_layers_fraction"] * 6 + 0.5))
+    assert trial.user_attrs[ARCHITECTURE_ATTR] == {
+        "model.ffn_width": 1024,
+        "model.num_layers": layers,
+    }
 
 
 @pytest.mark.slow

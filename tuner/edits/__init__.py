@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
-from tuner.edits.base import EDITS, SAME_EDIT, Edit, apply_edits, edit_keys, resolved_edits
+from tuner.edits.base import (
+    EDITS,
+    SAME_EDIT,
+    Edit,
+    apply_edits,
+    architecture_of,
+    edit_keys,
+    resolved_edits,
+)
 
 # Importing the modules registers their edits.
 from tuner.edits import depth, ffn_width  # noqa: E402,F401  isort: skip
@@ -14,6 +22,7 @@ __all__ = [
     "Edit",
     "SAME_EDIT",
     "apply_edits",
+    "architecture_of",
     "edit_keys",
     "find_layer_stack",
     "resolved_edits",

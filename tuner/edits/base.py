@@ -22,11 +22,14 @@ class Edit:
         resolves: for an edit relative to the loaded model, the absolute key it stands for and
             how its value is worked out from the unedited model (`ffn_width_fraction` ->
             `ffn_width`), recorded with every point so the architecture is plain to read.
+        reads: for an absolute edit, its value on a model as it stands (the FFN width, the
+            layer count), or None where the model has nothing it edits.
     """
 
     config_key: str
     apply: Callable[[nn.Module, Any], None]
     resolves: tuple[str, Callable[[nn.Module, Any], Any]] | None = None
+    reads: Callable[[nn.Module], Any] | None = None
 
 
 EDITS: Registry[Edit] = Registry("model")
@@ -64,6 +67,20 @@ def resolved_edits(model: nn.Module, model_cfg: DictConfig) -> dict[str, Any]:
             key, resolve = edit.resolves
             resolved[f"model.{key}"] = resolve(model, value)
     return resolved
+
+
+def architecture_of(model: nn.Module, model_cfg: DictConfig) -> dict[str, Any]:
+    """`model.<key>` -> value of every absolute edit on the model `model_cfg` deploys, worked
+    out on the unedited `model`: the value typed, the one a fraction resolves to, or the
+    model's own where neither is set (an unedited teacher records its own width and depth)."""
+    architecture = {}
+    for name in EDITS:
+        edit = EDITS.get(name)
+        own = None if edit.reads is None else edit.reads(model)
+        if own is not None:
+            typed = model_cfg.get(edit.config_key)
+            architecture[f"model.{edit.config_key}"] = own if typed is None else typed
+    return {**architecture, **resolved_edits(model, model_cfg)}
 
 
 def checked_fraction(key: str, value: Any, of_what: str) -> float:

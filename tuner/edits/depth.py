@@ -49,7 +49,17 @@ def keep_bottom_layers(model: nn.Module, num_layers: int) -> None:
         config.num_hidden_layers = num_layers
 
 
-EDITS.register("num_layers")(Edit(config_key="num_layers", apply=keep_bottom_layers))
+def layer_count(model: nn.Module) -> int | None:
+    """How many transformer layers the model has; None without a stack of them."""
+    try:
+        return len(find_layer_stack(model)[2])
+    except ConfigError:
+        return None
+
+
+EDITS.register("num_layers")(
+    Edit(config_key="num_layers", apply=keep_bottom_layers, reads=layer_count)
+)
 
 
 def num_layers_of(model: nn.Module, fraction: float) -> int:

@@ -102,7 +102,13 @@ def shrink_ffn(model: nn.Module, width: int) -> None:
         config.intermediate_size = width
 
 
-EDITS.register("ffn_width")(Edit(config_key="ffn_width", apply=shrink_ffn))
+def ffn_width(model: nn.Module) -> int | None:
+    """The model's FFN width (every block has one width); None without BERT-style FFNs."""
+    blocks = find_feed_forwards(model)
+    return blocks[0].width if blocks else None
+
+
+EDITS.register("ffn_width")(Edit(config_key="ffn_width", apply=shrink_ffn, reads=ffn_width))
 
 # Widths a fraction resolves to are multiples of this (SIMD- and cache-friendly), for FFNs at
 # least twice as wide.

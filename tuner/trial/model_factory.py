@@ -13,7 +13,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from tuner.edits import apply_edits, edit_keys, resolved_edits
+from tuner.edits import apply_edits, architecture_of, edit_keys
 from tuner.models import build_model
 from tuner.training import initialise_new_layers
 from tuner.trial.teacher import student_of
@@ -53,9 +53,9 @@ class ModelFactory:
         return copy.deepcopy(self._base(model_cfg, seed))
 
     def architecture(self, model_cfg: DictConfig, seed: int) -> dict[str, Any]:
-        """What the relative edits of `model_cfg` stand for on the unedited model; read off
+        """The absolute edits of the model `model_cfg` deploys (`architecture_of`); read off
         the cached model, which it does not change, so nothing is copied."""
-        return resolved_edits(self._base(model_cfg, seed), model_cfg)
+        return architecture_of(self._base(model_cfg, seed), model_cfg)
 
     def _base(self, model_cfg: DictConfig, seed: int) -> nn.Module:
         values = OmegaConf.to_container(model_cfg)
