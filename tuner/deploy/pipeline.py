@@ -228,13 +228,6 @@ def deploy_on(
             latency = timer(converted.logits_of)
     except Exception as exc:  # any backend failure stays on this point
         return BackendResult(backend_name, error=f"{type(exc).__name__}: {exc}".strip())
-    # Read and profiled apart from the timed calls (after them, or before the rounds a
-    # latency table times later), so that neither ever touches them.
-    backend = BACKENDS.get(backend_name)
-    graph, graph_absent = graph_of(backend, converted.artifact, converted.logits_of, example)
-    profile, profile_absent = profile_of(
-        backend, converted.artifact, converted.logits_of, example, deploy_cfg
-    )
     return BackendResult(
         backend=backend_name,
         latency=latency,
@@ -246,12 +239,28 @@ def deploy_on(
         artifact=converted.artifact,
         logits_of=converted.logits_of if latency is None else None,
         notes=converted.notes,
-        graph=graph,
-        graph_absent=graph_absent,
-        profile=profile,
-        profile_absent=profile_absent,
+        **_where_time_goes(backend_name, converted, example, deploy_cfg),
         **checks,
     )
+
+
+def _where_time_goes(
+    backend_name: str, converted: Converted, example: ExampleInputs, deploy_cfg: DictConfig
+) -> dict[str, Any]:
+    """The artifact's graph and profile, each with why it is absent where it is. Read and
+    profiled apart from the timed calls (after them, or before the rounds a latency table times
+    later), so that neither ever touches them."""
+    backend = BACKENDS.get(backend_name)
+    graph, graph_absent = graph_of(backend, converted.artifact, converted.logits_of, example)
+    profile, profile_absent = profile_of(
+        backend, converted.artifact, converted.logits_of, example, deploy_cfg
+    )
+    return {
+        "graph": graph,
+        "graph_absent": graph_absent,
+        "profile": profile,
+        "profile_absent": profile_absent,
+    }
 
 
 def _gpu_of(backend_name: str, deploy_cfg: DictConfig) -> torch.device | None:

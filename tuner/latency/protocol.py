@@ -279,18 +279,26 @@ def time_rounds(
             timed.append(one_round)
             if reference is not None:
                 readings.append(reference.reading_ms())
-    kept, steady = list(range(len(timed))), None
-    if reference is not None and within is not None:
-        # Rounds timed beyond those wanted were timed because too few were steady.
-        steady = len(timed) == wanted
-        if not steady:
-            kept = steady_rounds(readings, reference.floor_ms, within)[:wanted]
-            steady = len(kept) == wanted
-            if not steady:
-                kept = steadiest_rounds(readings, wanted)
-            if on_set_aside is not None:
-                on_set_aside(len(timed) - wanted, len(timed))
+    if reference is None or within is None:
+        return Timed({name: [r[name] for r in timed] for name in callables}, None)
+    kept, steady = _kept_rounds(len(timed), wanted, readings, reference.floor_ms, within)
+    if len(timed) > wanted and on_set_aside is not None:
+        on_set_aside(len(timed) - wanted, len(timed))
     return Timed({name: [timed[i][name] for i in kept] for name in callables}, steady)
+
+
+def _kept_rounds(
+    count: int, wanted: int, readings: list[float], floor_ms: float, within: float
+) -> tuple[list[int], bool]:
+    """Which of `count` judged rounds count, and whether they are all steady. Rounds timed
+    beyond those wanted were timed because too few were steady: the steady ones are kept, or,
+    short of them, the steadiest."""
+    if count == wanted:
+        return list(range(count)), True
+    kept = steady_rounds(readings, floor_ms, within)[:wanted]
+    if len(kept) == wanted:
+        return kept, True
+    return steadiest_rounds(readings, wanted), False
 
 
 def _judged_within(protocol: LatencyProtocol, clocks: Iterable[Clock]) -> float | None:
