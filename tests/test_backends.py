@@ -628,7 +628,7 @@ def test_a_pickled_object_in_an_artifact_is_refused(tmp_path, capsys):
 def test_bad_mixed_precision_and_batching_settings_are_refused_at_start_up(override, named):
     from tuner.config.compose import compose_config
     from tuner.errors import ConfigError
-    from tuner.study.run import prepare
+    from tuner.study.preparation import prepare
 
     args = ["+experiment=bert_ffn", "debug=smoke", override]
     with pytest.raises(ConfigError) as refused:

@@ -17,7 +17,7 @@ from tuner.deploy.backends.support.onnx_export import int8_options
 from tuner.errors import ConfigError
 from tuner.latency.machine import isa_flags, native_bf16_unavailable, onednn_isa_cap
 from tuner.study.checks import check_config
-from tuner.study.run import check_same_space
+from tuner.study.opening import check_same_space
 
 
 def _flags() -> set[str]:
@@ -143,7 +143,7 @@ def test_resume_that_drops_a_searched_key_is_refused():
 
 def test_an_unknown_cpu_is_treated_as_the_lowest_common_denominator(monkeypatch, capsys):
     from tuner.latency import machine as cpu
-    from tuner.study.run import runnable_backends
+    from tuner.study.backends import runnable_backends
 
     assert cpu.unknown_cpu_notice() is None  # this machine's flags can be read
     monkeypatch.setattr(cpu, "cpu_flags", lambda: frozenset())

@@ -183,7 +183,7 @@ def _logged_point(run_id: str):
 
 
 def test_a_test_accuracy_is_reused_only_on_the_split_it_was_measured_on(runs):
-    from tuner.report import test_accuracy
+    from tuner.study.held_out_accuracy import test_accuracy
 
     client, run = runs
     measured = _logged_point(run({"tuner.test_split": "aaaaaaaaaaaa"}))

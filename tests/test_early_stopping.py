@@ -179,7 +179,7 @@ def test_a_pruned_trial_is_shown_to_samplers_as_the_poor_point_it_stands_for():
 def test_bad_pruning_and_round_settings_are_refused_at_start_up(override, named):
     from tuner.config.compose import compose_config
     from tuner.errors import ConfigError
-    from tuner.study.run import prepare
+    from tuner.study.preparation import prepare
 
     args = ["+experiment=bert_ffn", "debug=smoke", override]
     with pytest.raises(ConfigError) as refused:

@@ -12,8 +12,8 @@ from tuner.config.space import SearchSpace
 from tuner.deploy.backends import BACKENDS, Backend
 from tuner.errors import ConfigError
 from tuner.latency.protocol import gpu_record
+from tuner.study.backends import check_backends
 from tuner.study.checks import check_config
-from tuner.study.run import check_backends
 
 NO_GPU = pytest.mark.skipif(torch.cuda.is_available(), reason="about machines without a GPU")
 CUDA_BACKENDS = ["cuda_bf16", "cuda_compile", "cuda_eager", "cuda_fp16"]

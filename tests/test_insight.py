@@ -437,15 +437,15 @@ def test_a_machine_whose_peaks_cannot_be_measured_leaves_points_without_a_roofli
 ):
     import optuna
 
-    import tuner.study.run
+    import tuner.study.parent_run
     from tuner.insight.point import PointInsight
 
     def no_int8_matmul(*args):
         raise RuntimeError("_int_mm is not implemented on this CPU")
 
-    monkeypatch.setattr(tuner.study.run, "study_peak", no_int8_matmul)
+    monkeypatch.setattr(tuner.study.parent_run, "study_peak", no_int8_matmul)
     study = optuna.create_study(storage=f"sqlite:///{tmp_path}/s.db")
-    assert tuner.study.run.machine_peak(study, {"latency.cpu": "X"}, 1) is None
+    assert tuner.study.parent_run.machine_peak(study, {"latency.cpu": "X"}, 1) is None
     out = capsys.readouterr().out
     assert "_int_mm is not implemented on this CPU" in out and "without their roofline" in out
     # Its points keep everything else; the roofline reads as unknown, not as zero.

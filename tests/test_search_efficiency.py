@@ -11,7 +11,7 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
-import tuner.study.run
+import tuner.study.finishing
 from tuner.config.compose import compose_config, with_params
 from tuner.data import load_splits
 from tuner.deploy.backends import BACKENDS, Backend
@@ -22,7 +22,8 @@ from tuner.front.points import failures_of, study_points
 from tuner.latency.steadiness import _REFERENCES, MachineReference
 from tuner.models import build_model
 from tuner.store.latency_table import LatencyTable
-from tuner.study.run import modality_for, prepare, run_study
+from tuner.study.preparation import modality_for, prepare
+from tuner.study.run import run_study
 from tuner.study.samplers import SAMPLERS
 from tuner.tracking.retrain import override_keys
 from tuner.training import batch_loss, initialise_new_layers, train
@@ -273,13 +274,13 @@ def _slow_spell(monkeypatch, ends_before_the_front_is_confirmed: bool) -> None:
         reference, "_fastest_call_ms", lambda: next(readings, 9.0 if spell["on"] else 5.0)
     )
     monkeypatch.setattr("tuner.latency.protocol.reference_for", lambda num_threads: reference)
-    confirm_front = tuner.study.run.confirm_front
+    confirm_front = tuner.study.finishing.confirm_front
 
     def spell_ends_first(*args, **kwargs):
         spell["on"] = not ends_before_the_front_is_confirmed
         return confirm_front(*args, **kwargs)
 
-    monkeypatch.setattr("tuner.study.run.confirm_front", spell_ends_first)
+    monkeypatch.setattr("tuner.study.finishing.confirm_front", spell_ends_first)
 
 
 def _study_through_a_spell(study_dir, monkeypatch, ends_before_the_front_is_confirmed: bool):

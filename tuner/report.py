@@ -4,6 +4,10 @@ the held-out test split, and export it.
 The study is found from the same config keys as `python -m tuner` (`+experiment=...`,
 `study.name`, `study.storage`, `tracking.uri`, `debug=smoke`), so the command that ran a study
 also reports on it, while it runs too: only complete points are read.
+
+Reading the stored study and a point's accuracy on the test split are the study's
+(`tuner.study.stored_study`, `tuner.study.held_out_accuracy`); this module is the command: its
+options, the recommendation it shows, a profile on demand and the export.
 """
 
 from __future__ import annotations
@@ -18,17 +22,15 @@ from typing import Any
 
 import mlflow
 import optuna
-from omegaconf import DictConfig, OmegaConf
 
 from tuner import console
 from tuner.config import apply_debug, compose_config, resolve
 from tuner.data import Splits, load_splits
-from tuner.deploy import load_point_model, op_table, profile_logged
+from tuner.deploy import op_table, profile_logged
 from tuner.errors import ConfigError
 from tuner.front import (
     DEFAULT_MAX_ACCURACY_DROP,
     Baseline,
-    Constraints,
     Point,
     Rule,
     biggest_difference,
@@ -41,25 +43,10 @@ from tuner.front import (
 from tuner.front import messages as front_messages
 from tuner.insight import MachinePeak, stored_peaks
 from tuner.latency import objective_name
-from tuner.modalities import MODALITIES
-from tuner.secrets import mask_url, mask_urls_in
-from tuner.store import (
-    CurrentSplit,
-    covered,
-    data_changes,
-    data_fingerprint,
-    open_storage,
-    settings_of,
-    stored_settings,
-    subtree,
-    typed_contradiction,
-)
+from tuner.secrets import mask_urls_in
+from tuner.store import CurrentSplit, data_changes, data_fingerprint, settings_of
+from tuner.study import TEST_METRIC, load_study, study_settings, test_accuracy
 from tuner.tracking import MODEL_ABSENT_TAG, MODEL_ERROR_TAG, override_keys
-
-TEST_METRIC = "test_accuracy"
-# Beside the test accuracy on a point's run: the data fingerprint (`tuner.store.data_settings`) of
-# the split it was measured on, so that a value measured on another split is never reused.
-TEST_SPLIT_TAG = "tuner.test_split"
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -118,90 +105,6 @@ def rule_of(args: argparse.Namespace) -> Rule:
         if value is not None and value < 0:
             raise ConfigError(f"Invalid option {flag} {value}: must be >= 0")
     return Rule(max_accuracy_drop=drop, max_latency_ms=args.max_latency_ms)
-
-
-def load_study(cfg: DictConfig) -> optuna.Study:
-    name, url = str(cfg.study.name), str(cfg.study.storage)
-    storage, names = open_storage(url)
-    if name not in names:
-        known = ", ".join(sorted(names)) or "none"
-        raise ConfigError(
-            f"Invalid config: key 'study.name': no study '{name}' in {mask_url(url)} (studies "
-            f"there: {known}); pass the overrides the study was run with"
-        )
-    return optuna.load_study(study_name=name, storage=storage)
-
-
-def study_settings(
-    study: optuna.Study, cfg: DictConfig, typed: set[str]
-) -> tuple[Constraints, DictConfig]:
-    """The constraints and data config the study was made with (`tuner.store.settings`); a key typed
-    on this command line that says otherwise is refused."""
-    stored = stored_settings(study)
-    if stored is None:
-        console.console.print(
-            f"Study '{study.study_name}' keeps no settings (made by an older version): its "
-            "constraints and test split are read from this command line."
-        )
-        return Constraints.from_config(cfg.study), cfg.data
-    # Keys in study.change_settings are this command's to set (a dataset moved elsewhere on
-    # this machine); nothing is recorded, as the report changes no study.
-    allowed = [str(key) for key in cfg.study.change_settings]
-    given = settings_of(cfg)
-    problem = typed_contradiction(study.study_name, stored, given, typed, allowed)
-    if problem:
-        raise problem
-    settings = {**stored, **{k: v for k, v in given.items() if covered(k, allowed)}}
-    constraints = Constraints.of_settings(settings)
-    # Where a dataset is cached is this machine's business; what it holds is the study's.
-    cache = {"cache_dir": cfg.data.cache_dir} if "cache_dir" in cfg.data else {}
-    data_cfg = OmegaConf.create({**subtree(settings, "data"), **cache})
-    return constraints, data_cfg
-
-
-def cached_test_accuracy(
-    run: mlflow.entities.Run, test_split: str, data_changed: bool
-) -> float | None:
-    """The test accuracy kept on a point's run, if it was measured on the split `test_split`
-    fingerprints. One kept without its split was measured before runs recorded it: on the
-    study's only split where `data_changed` is false, on an unknown one otherwise."""
-    recorded = run.data.metrics.get(TEST_METRIC)
-    measured_on = run.data.tags.get(TEST_SPLIT_TAG)
-    if recorded is None:
-        return None
-    if measured_on == test_split or (measured_on is None and not data_changed):
-        return recorded
-    return None
-
-
-def test_accuracy(
-    point: Point,
-    splits_of: Callable[[], Splits],
-    client: mlflow.MlflowClient,
-    test_split: str,
-    data_changed: bool,
-) -> float:
-    """The point's accuracy on the test split (`test_split`: its data fingerprint), evaluated
-    once per split and kept on its MLflow run beside the fingerprint."""
-    assert point.model_uri is not None and point.mlflow_run_id is not None
-    recorded = cached_test_accuracy(client.get_run(point.mlflow_run_id), test_split, data_changed)
-    if recorded is not None:
-        console.console.print(f"Test accuracy was evaluated before; reusing {recorded:.4f}.")
-        return recorded
-    splits = splits_of()
-    console.console.print(
-        f"Evaluating trial #{point.trial_number} ({point.backend}) on {len(splits.test)} "
-        "held-out test examples ..."
-    )
-    model = load_point_model(point.model_uri)
-    test_input = MODALITIES.get(splits.modality).serving_input(splits.test.items)
-    predicted = model.predict(test_input)["label"].tolist()
-    expected = [splits.label_names[label] for label in splits.test.labels]
-    accuracy = sum(p == e for p, e in zip(predicted, expected, strict=True)) / len(expected)
-    client.log_metric(point.mlflow_run_id, TEST_METRIC, accuracy)
-    client.set_tag(point.mlflow_run_id, TEST_SPLIT_TAG, test_split)
-    client.set_tag(point.mlflow_run_id, "tuner.test_examples", str(len(expected)))
-    return accuracy
 
 
 def export(

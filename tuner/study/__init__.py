@@ -1,21 +1,30 @@
-"""A study: start-up checks, experiments and samplers, the worker loop, the teacher's
-agreement, stale trials and the front's confirmation."""
+"""A study: start-up checks, experiments and samplers, its preparation and opening, the worker
+loop, the teacher's agreement, stale trials and the front's confirmation; and what the report
+reads back (the stored study, a point's accuracy on the held-out test split)."""
 
 from __future__ import annotations
 
+from tuner.study.backends import check_backends
 from tuner.study.confirmation import Target
 from tuner.study.experiments import choose_an_experiment, experiments, help_text
-from tuner.study.run import calibration_inputs, check_backends, modality_for, run_study
+from tuner.study.held_out_accuracy import TEST_METRIC, test_accuracy
+from tuner.study.preparation import calibration_inputs, modality_for
+from tuner.study.run import run_study
 from tuner.study.stored_front import study_front
+from tuner.study.stored_study import load_study, study_settings
 
 __all__ = [
+    "TEST_METRIC",
     "Target",
     "calibration_inputs",
     "check_backends",
     "choose_an_experiment",
     "experiments",
     "help_text",
+    "load_study",
     "modality_for",
     "run_study",
     "study_front",
+    "study_settings",
+    "test_accuracy",
 ]

@@ -16,7 +16,12 @@ from tuner.front import Constraints, study_points
 from tuner.latency import LatencyProtocol
 from tuner.store import LatencyTable, settings_of, stored_settings
 from tuner.study.confirmation import Rebuilder, Target, target_of
-from tuner.study.run import calibration_inputs, modality_for, prepare, protocol_record_of
+from tuner.study.preparation import (
+    calibration_inputs,
+    modality_for,
+    prepare,
+    protocol_record_of,
+)
 from tuner.tracking import override_keys
 from tuner.trial import ModelFactory
 

@@ -79,6 +79,7 @@ def _ensure_trained(
     poll_seconds: float,
     max_retry: int,
 ) -> None:
+    """`ensure_trained` until an error that the caller decides to wait out or not."""
     storage, study_id = storage_of(study), study_id_of(study)
     reference = str(teachers.reference)
     # Attempts that failed before this invocation are the user's to fix: they start a new one.
@@ -88,26 +89,10 @@ def _ensure_trained(
         raise_if_interrupted()
         location = teachers.location(storage.get_study_user_attrs(study_id))
         if location is not None:
-            try:
-                # Fetched once for the whole invocation: the students read the same files.
-                teachers.files_at(location)
+            if _stored_teacher_fetched(leases, storage, study_id, teachers, location, retrained):
                 return
-            except TeacherUnreachable as exc:
-                raise StudyStopped(
-                    f"the study's stored teacher cannot be fetched ({exc}); it is not trained "
-                    "again while nothing says it is gone. Make its artifacts reachable from "
-                    "this host (an MLflow server serving artifacts) and run the same command"
-                ) from None
-            except TeacherMissing as exc:
-                if retrained:
-                    raise StudyStopped(
-                        f"the teacher trained again cannot be found: {exc}"
-                    ) from None
-                trial_messages.teacher_missing(location, str(exc))
-                seen = _latest_attempt(storage, study_id, reference)
-                _queue_attempt(leases, storage, study_id, teachers, seen, gone=location)
-                retrained = True
-                continue
+            retrained = True
+            continue
         latest = _latest_attempt(storage, study_id, reference)
         if (
             latest is None
@@ -140,6 +125,36 @@ def _ensure_trained(
                 f"#{latest.number}) did not train: {reason}. No student was trained; "
                 "fix the cause and run the same command to resume"
             )
+
+
+def _stored_teacher_fetched(
+    leases: Leases,
+    storage: optuna.storages.BaseStorage,
+    study_id: int,
+    teachers: Teachers,
+    location: str,
+    retrained: bool,
+) -> bool:
+    """True once the teacher stored at `location` is fetched. Files confirmed gone are said and
+    a new attempt is queued (False); a teacher that cannot be reached, or that is gone again
+    once `retrained`, stops the study."""
+    try:
+        # Fetched once for the whole invocation: the students read the same files.
+        teachers.files_at(location)
+        return True
+    except TeacherUnreachable as exc:
+        raise StudyStopped(
+            f"the study's stored teacher cannot be fetched ({exc}); it is not trained "
+            "again while nothing says it is gone. Make its artifacts reachable from "
+            "this host (an MLflow server serving artifacts) and run the same command"
+        ) from None
+    except TeacherMissing as exc:
+        if retrained:
+            raise StudyStopped(f"the teacher trained again cannot be found: {exc}") from None
+        trial_messages.teacher_missing(location, str(exc))
+        seen = _latest_attempt(storage, study_id, str(teachers.reference))
+        _queue_attempt(leases, storage, study_id, teachers, seen, gone=location)
+        return False
 
 
 def _attempts(

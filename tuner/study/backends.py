@@ -1,0 +1,86 @@
+"""The backends a study deploys on (the backends themselves live in `tuner/deploy/backends/`):
+those the config lists, checked against the modality and the deploy device, then narrowed to
+those this machine runs, each one left out said once."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+
+from omegaconf import DictConfig
+from optuna.distributions import CategoricalDistribution
+
+from tuner.config import SearchSpace
+from tuner.deploy import BACKENDS, unavailable_backends
+from tuner.devices import resolve_device
+from tuner.errors import ConfigError
+from tuner.latency import unknown_cpu_notice
+from tuner.store import BACKEND_KEY
+from tuner.study import messages
+from tuner.study.checks import defined_in
+
+DEPLOY_DEVICE_KEY = "deploy.device"
+
+
+def deployment_backends(cfg: DictConfig, space: SearchSpace) -> list[str]:
+    """Every backend a trained model is deployed on: the searched choices, or the one set."""
+    distribution = space.distributions.get(BACKEND_KEY)
+    if isinstance(distribution, CategoricalDistribution):
+        return [str(choice) for choice in distribution.choices]
+    return [str(cfg.deploy.backend)]
+
+
+def check_backends(
+    backends: Sequence[str], modality: str, deploy_device: str, sources: Mapping[str, str]
+) -> None:
+    """Each listed backend deploys the modality's models, on the kind of device the study
+    deploys on (`deploy.device`, which must exist here)."""
+    device = resolve_device(deploy_device, DEPLOY_DEVICE_KEY)
+    for name in backends:
+        backend = BACKENDS.get(name)
+        if modality not in backend.modalities:
+            raise ConfigError(
+                f"Invalid config: key 'deploy.backend': '{name}' deploys "
+                f"{' and '.join(sorted(backend.modalities))} models, not {modality} ones"
+                + defined_in(BACKEND_KEY, sources)
+            )
+        if backend.device != device.type:
+            raise ConfigError(
+                f"Invalid config: key 'deploy.backend': '{name}' deploys on {backend.device}, "
+                f"but this study deploys on {device.type} ({DEPLOY_DEVICE_KEY}={deploy_device})"
+                + defined_in(BACKEND_KEY, sources)
+            )
+
+
+def runnable_backends(
+    backends: Sequence[str], sources: Mapping[str, str]
+) -> tuple[list[str], dict[str, str]]:
+    """The listed backends this machine can run, and why each other one cannot (one console
+    line each). None runnable stops the study before anything is created."""
+    notice = unknown_cpu_notice()
+    if notice:
+        messages.unknown_cpu(notice)
+    left_out = unavailable_backends(backends)
+    for name, reason in left_out.items():
+        messages.backend_left_out(name, reason)
+    runnable = [name for name in backends if name not in left_out]
+    if not runnable:
+        raise ConfigError(
+            f"Invalid config: key 'deploy.backend': no listed backend runs on this machine "
+            f"({described(left_out)})" + defined_in(BACKEND_KEY, sources)
+        )
+    return runnable, left_out
+
+
+def described(reasons: Mapping[str, str]) -> str:
+    """Backends with the reason each is left out, on one line."""
+    return "; ".join(f"{name}: {reason}" for name, reason in reasons.items())
+
+
+def deploy_only_on(space: SearchSpace, backends: Sequence[str]) -> SearchSpace:
+    """The search space with `deploy.backend` listing the runnable backends only: the
+    distribution the backend param of every point is recorded under."""
+    if not isinstance(space.distributions.get(BACKEND_KEY), CategoricalDistribution):
+        return space
+    narrowed = CategoricalDistribution(list(backends))
+    return replace(space, distributions={**space.distributions, BACKEND_KEY: narrowed})
