@@ -16,7 +16,7 @@ from tuner.models import build_model
 from tuner.training import batch_loss, collect_logits, train
 from tuner.training.distill import Distillation, LayerOutputs, hidden_loss, soft_loss
 from tuner.training.mixing import BatchOutput
-from tuner.trial.teacher import student_of
+from tuner.trial.students import student_of
 
 
 def _kl(p: list[float], q: list[float]) -> float:

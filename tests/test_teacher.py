@@ -19,7 +19,7 @@ from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
 
 import tuner.study.run
-import tuner.trial.objective
+import tuner.trial.model_training
 from tuner.config.compose import compose_config
 from tuner.data import load_splits
 from tuner.deploy.backends import BACKENDS
@@ -145,13 +145,13 @@ def test_the_teacher_is_trained_once_stored_and_reused_by_resumes(study_dir, cap
 def test_a_teacher_trial_interrupted_after_storing_its_teacher_loads_it_when_retried(
     study_dir, monkeypatch, capsys
 ):
-    store = tuner.trial.objective.record_stored
+    store = tuner.trial.model_training.record_stored
 
     def store_then_interrupt(*args) -> None:
         store(*args)
         os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C before any point is written
 
-    monkeypatch.setattr(tuner.trial.objective, "record_stored", store_then_interrupt)
+    monkeypatch.setattr(tuner.trial.model_training, "record_stored", store_then_interrupt)
     # Two backends: the trial's own point and another one.
     args = [
         *(a for a in _args(study_dir) if not a.startswith("deploy.backend=")),

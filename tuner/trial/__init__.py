@@ -15,8 +15,8 @@ from tuner.trial.teacher import (
     Teachers,
     TeacherUnreachable,
     teacher_of,
-    teachers_for,
 )
+from tuner.trial.teacher_config import teachers_for
 
 __all__ = [
     "KEY",

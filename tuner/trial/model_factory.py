@@ -16,14 +16,14 @@ from torch import nn
 from tuner.edits import apply_edits, architecture_of, edit_keys
 from tuner.models import build_model
 from tuner.training import initialise_new_layers
-from tuner.trial.teacher import student_of
+from tuner.trial.students import student_of
 
 
 def untrained_model(
     cfg: DictConfig, build: Callable[[], nn.Module], teacher: nn.Module | None = None
 ) -> nn.Module:
     """A trial's model before training: `build`'s (the loaded model) edited and its new layers
-    initialised, or the student of `teacher` (`tuner.trial.teacher.student_of`); the global
+    initialised, or the student of `teacher` (`tuner.trial.students.student_of`); the global
     generator seeded with `train.seed` either way, since training's dropout draws from it next."""
     seed = int(cfg.train.seed)
     if teacher is not None:

@@ -1,24 +1,19 @@
-"""The study's distillation teacher (`train.distill.teacher`): chosen, trained once, stored with
-the study, and handed to every student.
+"""The study's distillation teacher (`train.distill.teacher`) as it is kept: the keys that
+configure it, its files, the study's record of the one it trained, and the loaded teacher that
+every student of one invocation shares.
 
-`auto` is the unedited model trained with the experiment's own values of the searched keys; a
-trial number is that trial's configuration trained again. A student learns from its outputs
-(`train.distill.alpha`; a trial at alpha 0 has no teacher) and may also start from its weights
-(`train.distill.start_from`), cut to the student's size. Either teacher is trained
-in a trial of the study (so it is also a point of the front) before any student, and stored as
-an MLflow artifact of that trial's run (`teacher/`: safetensors weights with the model's recipe,
-and the label names) named by a study attribute; every worker and every resume loads it from
-there. A stored teacher (`runs:/<run id>/teacher`, or a directory holding those files) is used
-as it is.
+A teacher the study trains is stored, once trained, as an MLflow artifact of its trial's run
+(`teacher/`: safetensors weights with the model's recipe, and the label names) named by a study
+attribute; every worker and every resume loads it from there. A stored teacher
+(`runs:/<run id>/teacher`, or a directory holding those files) is used as it is.
 
-Workers agree on the trial that trains it through the study's `teacher` lease
-(`tuner.study.teacher_trial`).
+Which teacher a study uses is `tuner.trial.teacher_config`; what its students take from it,
+`tuner.trial.students`. Workers agree on the trial that trains it through the study's `teacher`
+lease (`tuner.study.teacher_trial`).
 """
 
 from __future__ import annotations
 
-import copy
-import itertools
 import json
 import re
 import tempfile
@@ -30,17 +25,15 @@ from typing import Any
 
 import optuna
 import torch
-from omegaconf import DictConfig, OmegaConf
-from optuna.trial import FrozenTrial, TrialState
+from omegaconf import DictConfig
+from optuna.trial import FrozenTrial
 from torch import nn
 
-from tuner.config import SearchSpace, candidate_values
 from tuner.data import Encoded
 from tuner.deploy import load_weights, read_recipe, save_weights
-from tuner.edits import apply_edits, edit_keys
 from tuner.errors import ConfigError, StudyStopped
 from tuner.models import MODEL_FAMILIES, ModelRecipe
-from tuner.store import BACKEND_KEY, RETRY_HISTORY
+from tuner.store import RETRY_HISTORY
 from tuner.training import Distillation, TrainResult
 
 KEY = "train.distill.teacher"
@@ -57,84 +50,6 @@ ARTIFACT_DIR = "teacher"
 _WEIGHTS = "teacher.safetensors"
 _LABELS = "labels.json"
 _ARTIFACT_URI = re.compile(r"^(runs|models|mlflow-artifacts|file|s3|gs|wasbs|hdfs):/")
-
-
-def _candidates(cfg: DictConfig, space: SearchSpace, key: str) -> list[Any]:
-
-    searched = space.distributions.get(key)
-    return candidate_values(searched) if searched else [OmegaConf.select(cfg, key)]
-
-
-def distilling(cfg: DictConfig, space: SearchSpace) -> bool:
-    """Whether any trial of the study can learn from a teacher."""
-    return any(float(alpha) > 0 for alpha in _candidates(cfg, space, ALPHA_KEY))
-
-
-def starts_from_teacher(train_cfg: DictConfig) -> bool:
-    """Whether a trial of `train_cfg` starts from the teacher's weights: only one that learns
-    from it (alpha 0 is no teacher at all)."""
-    return float(train_cfg.distill.alpha) > 0 and train_cfg.distill.start_from == "teacher"
-
-
-def student_of(
-    teacher: nn.Module, model_cfg: DictConfig, build: Callable[[], nn.Module]
-) -> nn.Module:
-    """A student that starts from the teacher's weights, the teacher left as it is: a copy of
-    it, or, in a family whose size keys build smaller architectures, the student's own
-    (`build`) filled with them; its structural edits applied either way. Every layer, the head
-    included, was trained on this task, so none is initialised anew."""
-    inherit = MODEL_FAMILIES.get(str(model_cfg.family)).inherit
-    if inherit is None:
-        student = copy.deepcopy(teacher)
-    else:
-        student = build()
-        inherit(teacher, student)
-    apply_edits(student, model_cfg)
-    return student
-
-
-def _edit_keys() -> set[str]:
-    return {f"model.{key}" for key in edit_keys()}
-
-
-def is_trained_in_study(reference: Any) -> bool:
-    """`auto` or a trial number: a teacher the study trains itself."""
-    return reference == "auto" or _trial_number(reference) is not None
-
-
-def _trial_number(reference: Any) -> int | None:
-    if isinstance(reference, bool):
-        return None
-    if isinstance(reference, int):
-        return reference
-    return int(reference) if isinstance(reference, str) and reference.isdigit() else None
-
-
-def teacher_params(
-    cfg: DictConfig, space: SearchSpace, reference: Any, trials: Sequence[FrozenTrial]
-) -> dict[str, Any]:
-    """The values a teacher trial trains with: every searched key (the backend aside) at the
-    experiment's own value, structural edits off (`auto`), or a trial's configuration; never
-    distilled itself, and started from the model's own weights."""
-    number = _trial_number(reference)
-    if number is None:
-        edited = _edit_keys()
-        params = {
-            key: None if key in edited else OmegaConf.select(cfg, key)
-            for key in space.distributions
-            if key != BACKEND_KEY
-        }
-        params.update({key: None for key in edited if OmegaConf.select(cfg, key) is not None})
-    else:
-        chosen = next((t for t in trials if t.number == number), None)
-        if chosen is None or chosen.state != TrialState.COMPLETE:
-            state = "does not exist" if chosen is None else f"is {chosen.state.name}"
-            raise ConfigError(
-                f"Invalid config: key '{KEY}': trial #{number} {state}; name a complete trial "
-                "of this study, auto, or a stored teacher (runs:/<run id>/teacher or a directory)"
-            )
-        params = {k: v for k, v in chosen.params.items() if k != BACKEND_KEY}
-    return {**params, ALPHA_KEY: 0.0, START_KEY: "pretrained"}
 
 
 class TeacherMissing(OSError):
@@ -370,143 +285,6 @@ def record_stored(
         "training": training.summary(),
     }
     storage.set_study_user_attr(study_id, STORED_ATTR, stored)
-
-
-def teachers_for(
-    cfg: DictConfig,
-    space: SearchSpace,
-    label_names: Sequence[str],
-    trials: Sequence[FrozenTrial],
-    study_attrs: Mapping[str, Any],
-) -> Teachers | None:
-    """The study's teacher, checked before anything trains; None when nothing distils."""
-    if not distilling(cfg, space):
-        return None
-    family = MODEL_FAMILIES.get(str(cfg.model.family))
-    if float(cfg.train.distill.hidden_weight) > 0 and not family.layer_stack:
-        raise ConfigError(
-            f"Invalid config: key 'train.distill.hidden_weight': {cfg.model.family} models have "
-            "no stack of transformer layers whose hidden states a student could learn; set it "
-            "to 0 (logits distillation works for every model)"
-        )
-    reference = cfg.train.distill.teacher
-    uri = str(cfg.tracking.uri)
-    if is_trained_in_study(reference):
-        params = teacher_params(cfg, space, reference, trials)
-        teachers = Teachers(reference, uri, list(label_names), params)
-        if _starts_from_teacher_anywhere(cfg, space):
-            teacher_model = _architecture(cfg, params, teachers, study_attrs)
-            _check_start_from(cfg, space, teacher_model, f"{KEY}={reference}", len(label_names))
-        return teachers
-    location = str(reference)
-    try:
-        stored = StoredTeacher.load(location, uri)
-    except OSError as exc:
-        raise ConfigError(f"Invalid config: key '{KEY}': {exc}") from None
-    stored.check_fits(cfg.model, label_names, location)
-    if _starts_from_teacher_anywhere(cfg, space):
-        _check_start_from(
-            cfg, space, stored.recipe.model, f"the teacher at {location}", len(label_names)
-        )
-    try:
-        stored.model()
-    except Exception as exc:  # weights that do not fill the recipe's architecture
-        raise ConfigError(
-            f"Invalid config: key '{KEY}': the teacher at {location} cannot be loaded: "
-            f"{type(exc).__name__}: {exc}"
-        ) from None
-    return Teachers(location, uri, list(label_names))
-
-
-def _starts_from_teacher_anywhere(cfg: DictConfig, space: SearchSpace) -> bool:
-    return "teacher" in _candidates(cfg, space, START_KEY)
-
-
-def _architecture(
-    cfg: DictConfig, params: Mapping[str, Any], teachers: Teachers, study_attrs: Mapping[str, Any]
-) -> Mapping[str, Any]:
-    """The `model` config of a teacher the study trains: as stored, once it is (a resume with
-    other model settings must not start students from a model it no longer describes); else
-    the study's with the teacher's params."""
-    location = teachers.location(study_attrs)
-    if location is not None:
-        try:
-            return teachers.files_at(location).recipe.model
-        except OSError:  # gone or out of reach: `tuner.study.teacher_trial` decides which
-            pass
-    model = OmegaConf.to_container(cfg.model, resolve=True)
-    assert isinstance(model, dict)
-    model.update({k[len("model.") :]: v for k, v in params.items() if k.startswith("model.")})
-    return model
-
-
-def _check_start_from(
-    cfg: DictConfig,
-    space: SearchSpace,
-    teacher_model: Mapping[str, Any],
-    teacher: str,
-    num_labels: int,
-) -> None:
-    """Students that start from the teacher's weights take them at their own size: refuse a
-    teacher that is already edited, whose architecture differs from the study's in anything but
-    the students' structural edits and size keys (searched or fixed), or that a student of the
-    study would not fit into, naming the key."""
-    family = MODEL_FAMILIES.get(str(cfg.model.family))
-    shaping = _edit_keys() | {f"model.{key}" for key in family.size_keys}
-    why = (
-        f"Invalid config: key '{START_KEY}': teacher: students start from the teacher's weights "
-        "at their own size"
-    )
-    built = [k for k in space.distributions if k.startswith("model.") and k not in shaping]
-    if built:
-        sizes = [k for k in sorted(shaping) if k[len("model.") :] in cfg.model]
-        raise ConfigError(
-            f"{why}, and the space searches {built[0]}, which does not size a model (a student "
-            f"taken from the teacher could not follow it); search only "
-            f"{', '.join(sizes) or 'no model keys'}, or start from pretrained"
-        )
-    for key in sorted(_edit_keys()):
-        value = teacher_model.get(key[len("model.") :])
-        if value is not None:
-            raise ConfigError(
-                f"{why}, and {teacher} is already edited ({key}={value}); use an unedited "
-                f"teacher ({KEY}=auto) or start from pretrained"
-            )
-    ours = OmegaConf.to_container(cfg.model, resolve=True)
-    assert isinstance(ours, dict)
-    for name, value in ours.items():
-        if f"model.{name}" not in shaping and teacher_model.get(name) != value:
-            raise ConfigError(
-                f"{why}, and {teacher} has model.{name}={teacher_model.get(name)}, the study's "
-                f"model has model.{name}={value}"
-            )
-    if family.inherit is not None:
-        _check_students_fit(cfg, space, teacher_model, num_labels, f"{why}, and {teacher}")
-
-
-def _check_students_fit(
-    cfg: DictConfig,
-    space: SearchSpace,
-    teacher_model: Mapping[str, Any],
-    num_labels: int,
-    refusal: str,
-) -> None:
-    """Fill a student of every candidate size with an untrained teacher's weights, as a trial
-    would with the trained one: a student larger than the teacher is refused before training."""
-    family = MODEL_FAMILIES.get(str(cfg.model.family))
-    keys = [f"model.{key}" for key in family.size_keys]
-    # Building models draws from the global generator, which must not move before training.
-    with torch.random.fork_rng(devices=[]):
-        teacher = family.build(OmegaConf.create(dict(teacher_model)), num_labels)
-        for sizes in itertools.product(*(_candidates(cfg, space, key) for key in keys)):
-            student_cfg = cfg.model.copy()
-            for key, value in zip(keys, sizes, strict=True):
-                student_cfg[key[len("model.") :]] = value
-            try:
-                family.inherit(teacher, family.build(student_cfg, num_labels))
-            except ValueError as exc:
-                size = ", ".join(f"{key}={value}" for key, value in zip(keys, sizes, strict=True))
-                raise ConfigError(f"{refusal} does not fit a student of {size}: {exc}") from None
 
 
 def store_after_training(
