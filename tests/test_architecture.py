@@ -1,7 +1,8 @@
 """The layout of docs/architecture.md holds: imports go only downward (no cycle between modules
 or packages, counting imports inside functions and under TYPE_CHECKING), other packages and
-scripts import a package's public names only, modules stay short, and backend files are named as
-they register. Every import is read from the source with `ast`, not from what is imported."""
+scripts import a package's public names only, modules and functions stay short, and backend files
+are named as they register. Every import is read from the source with `ast`, not from what is
+imported."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from conftest import REPO
 
 PACKAGE = REPO / "tuner"
 MAX_LINES = 400
+MAX_FUNCTION_LINES = 60
 MAX_TOP_LEVEL = 15
 
 
@@ -159,6 +161,17 @@ def test_no_module_is_longer_than_the_limit():
         if (n := len(p.read_text().splitlines())) > MAX_LINES
     }
     assert long == {}
+
+
+def test_no_function_is_longer_than_the_limit():
+    long = []
+    for path in MODULES.values():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                first = node.decorator_list[0].lineno if node.decorator_list else node.lineno
+                if node.end_lineno - first + 1 > MAX_FUNCTION_LINES:
+                    long.append(f"{path.relative_to(REPO)}:{node.lineno} {node.name}")
+    assert long == []
 
 
 def test_the_top_of_the_package_stays_small():
