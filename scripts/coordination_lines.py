@@ -44,18 +44,26 @@ BEFORE = {
     "tuner/optuna_compat.py": ["beat_once", "stale_trial_ids"],
 }
 AFTER = {
-    "tuner/teacher_trial.py": WHOLE,
-    "tuner/lease.py": WHOLE,
-    "tuner/storage.py": ["RetryingStorage", "_retried", "_once", "_safe_to_repeat", "<loop>"]
+    "tuner/study/teacher_trial.py": WHOLE,
+    "tuner/store/lease.py": WHOLE,
+    "tuner/store/storage.py": ["RetryingStorage", "_retried", "_once", "_safe_to_repeat", "<loop>"]
     + ["live_trial_numbers", "wait_out_unbeaten"],
-    "tuner/retries.py": WHOLE,
-    "tuner/recovery.py": ["requeue", "StaleTrials", "requeue_orphans"],
-    "tuner/worker_loop.py": WHOLE,
-    "tuner/study.py": ["_refuse_parallel_sqlite"],
-    "tuner/trial.py": ["Objective._stored_teacher"],
-    "tuner/teacher.py": ["TeacherMissing", "TeacherUnreachable", "FETCH_SECONDS", "_downloaded"]
+    # All of it but the message it prints (which was the console's before).
+    "tuner/store/retries.py": ["T", "RETRY_SECONDS", "is_transient", "call_with_retries"]
+    + ["retrying", "RetryingProxy"],
+    "tuner/store/requeue.py": ["requeue", "died"],
+    "tuner/study/stale_trials.py": ["StaleTrials", "requeue_orphans"],
+    "tuner/study/worker_loop.py": WHOLE,
+    "tuner/study/opening.py": ["_refuse_parallel_sqlite"],
+    "tuner/trial/model_training.py": ["stored_teacher_to_load"],
+    "tuner/trial/teacher.py": [
+        "TeacherMissing",
+        "TeacherUnreachable",
+        "FETCH_SECONDS",
+        "_downloaded",
+    ]
     + ["_root_visible"],
-    "tuner/optuna_compat.py": ["beat_once", "stale_trial_ids", "unbeaten_trial_ids"]
+    "tuner/store/optuna_compat.py": ["beat_once", "stale_trial_ids", "unbeaten_trial_ids"]
     + ["SingleAttemptRDBStorage"],
 }
 
