@@ -27,6 +27,8 @@ import optuna
 import sqlalchemy
 from mlflow.tracking import MlflowClient
 
+from tuner.keys import TRAINED_IN_TAG
+
 REPO = Path(__file__).resolve().parent.parent
 STUDY = "bert_ffn-smoke"
 
@@ -125,7 +127,7 @@ def work_seconds(storage: str, tracking: str) -> dict[str, float]:
     client = MlflowClient(tracking)
     experiment = client.get_experiment_by_name(STUDY)
     runs = client.search_runs([experiment.experiment_id], "tags.`tuner.role` = 'trial'")
-    train = {r.data.tags["tuner.trained_in_trial"]: r.data.metrics["train_seconds"] for r in runs}
+    train = {r.data.tags[TRAINED_IN_TAG]: r.data.metrics["train_seconds"] for r in runs}
     deploy = sum(r.data.metrics.get("deploy_seconds", 0.0) for r in runs)
     return {"trained": float(len(own)), "train": sum(train.values()), "deploy": deploy}
 

@@ -249,7 +249,8 @@ def outcome(url: str, tracking: str) -> dict[str, int]:
     import optuna
     from mlflow import MlflowClient
 
-    from tuner.store import FAIL_REASON_ATTR, budget
+    from tuner.keys import FAIL_REASON_ATTR, TRAINED_IN_ATTR
+    from tuner.store import budget
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     trials = optuna.load_study(study_name=STUDY, storage=url).get_trials(deepcopy=False)
@@ -265,7 +266,7 @@ def outcome(url: str, tracking: str) -> dict[str, int]:
     by_number = {t.number: t for t in trials}
     points = Counter(
         (
-            budget.configuration_of(by_number[t.user_attrs.get(budget.TRAINED_IN_ATTR, t.number)]),
+            budget.configuration_of(by_number[t.user_attrs.get(TRAINED_IN_ATTR, t.number)]),
             t.user_attrs.get("deploy.backend"),
         )
         for t in trials

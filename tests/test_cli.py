@@ -21,7 +21,7 @@ from mlflow.tracking import MlflowClient
 
 from tuner.deploy.backends import BACKENDS as REGISTERED
 from tuner.front.points import study_points
-from tuner.store.keys import LATENCY_KEY_ATTR, TEACHER_OF_ATTR
+from tuner.keys import LATENCY_KEY_ATTR, ROLE_TAG, TEACHER_OF_ATTR, TRAINED_IN_TAG
 
 TrialState = optuna.trial.TrialState
 SMOKE = ("+experiment=bert_ffn", "debug=smoke")
@@ -65,8 +65,8 @@ def _mlflow(tmp_path, name="bert_ffn-smoke"):
     client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
     experiment = client.get_experiment_by_name(name)
     runs = client.search_runs([experiment.experiment_id], max_results=1000)
-    parents = [r for r in runs if r.data.tags.get("tuner.role") == "study"]
-    children = [r for r in runs if r.data.tags.get("tuner.role") == "trial"]
+    parents = [r for r in runs if r.data.tags.get(ROLE_TAG) == "study"]
+    children = [r for r in runs if r.data.tags.get(ROLE_TAG) == "trial"]
     return client, parents, children
 
 
@@ -195,7 +195,7 @@ def test_smoke_study_end_to_end_and_resume(tmp_path):
         trial = by_number[int(tags["optuna.trial_number"])]
         # Optuna and MLflow agree on every point.
         assert tags["deploy.backend"] == trial.params["deploy.backend"]
-        assert tags["tuner.trained_in_trial"] == str(trial.user_attrs["trained_in_trial"])
+        assert tags[TRAINED_IN_TAG] == str(trial.user_attrs["trained_in_trial"])
         assert TRAINING_PARAMS | {"deploy.backend"} <= set(run.data.params)
         for protocol_key in ("batch_size", "seq_len", "num_threads", "repeats", "cpu"):
             assert f"latency.{protocol_key}" in run.data.params

@@ -7,9 +7,10 @@ import pytest
 from omegaconf import OmegaConf
 
 from tuner.front.constraints import Constraints
-from tuner.front.convergence import REFERENCE_ATTR, convergence
+from tuner.front.convergence import convergence
 from tuner.front.pareto import hypervolume
 from tuner.front.points import study_points
+from tuner.keys import REFERENCE_ATTR
 
 FIXED_LATENCY = OmegaConf.create({"val_accuracy": 0.5, "latency_ms_p50": None})
 

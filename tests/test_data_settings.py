@@ -14,7 +14,8 @@ from conftest import run_cli
 
 from tuner.config.compose import compose_config, resolve
 from tuner.front.points import study_points
-from tuner.store.settings import CHANGES_ATTR, SETTINGS_ATTR, settings_of
+from tuner.keys import CHANGES_ATTR, SETTINGS_ATTR, TEST_SPLIT_TAG
+from tuner.store.settings import settings_of
 
 SMOKE = ["+experiment=bert_ffn", "debug=smoke"]
 STUDY = "bert_ffn-smoke"
@@ -186,7 +187,7 @@ def test_a_test_accuracy_is_reused_only_on_the_split_it_was_measured_on(runs):
     from tuner.study.held_out_accuracy import test_accuracy
 
     client, run = runs
-    measured = _logged_point(run({"tuner.test_split": "aaaaaaaaaaaa"}))
+    measured = _logged_point(run({TEST_SPLIT_TAG: "aaaaaaaaaaaa"}))
     assert test_accuracy(measured, _split_read, client, "aaaaaaaaaaaa", True) == 0.7
     with pytest.raises(_Evaluated):
         test_accuracy(measured, _split_read, client, "bbbbbbbbbbbb", True)

@@ -12,7 +12,7 @@ import optuna
 import pytest
 from conftest import REPO, run_cli
 
-from tuner.trial.points import ARCHITECTURE_ATTR
+from tuner.keys import ARCHITECTURE_ATTR
 
 SMOKE = ("+experiment=bert_ffn", "debug=smoke")
 

@@ -178,7 +178,7 @@ def test_the_baseline_counts_complete_points_only_and_the_model_being_deployed()
 
 def test_failed_points_and_failed_trials_are_counted_apart():
     from tuner.front.points import failures_of
-    from tuner.store.keys import FAILED_BACKEND_ATTR
+    from tuner.keys import FAILED_BACKEND_ATTR
 
     study = _study(POINTS)
     failed = [

@@ -18,7 +18,7 @@ from tuner.config.compose import apply_debug, compose_config, resolve
 from tuner.data import load_splits
 from tuner.deploy.backends import BACKENDS
 from tuner.front.points import study_points
-from tuner.store.keys import TEACHER_OF_ATTR
+from tuner.keys import ROLE_TAG, TEACHER_OF_ATTR
 
 SMOKE = (
     "+experiment=resnet_mixup",
@@ -72,7 +72,7 @@ def test_image_study_trains_and_deploys_on_both_backends(image_study):
     parent = next(
         r
         for r in client.search_runs([experiment.experiment_id])
-        if r.data.tags.get("tuner.role") == "study"
+        if r.data.tags.get(ROLE_TAG) == "study"
     )
     assert parent.data.params["latency.input_shape"] == "1x1x8x8"
 

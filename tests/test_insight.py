@@ -323,7 +323,8 @@ def test_a_precision_whose_gemm_cannot_run_is_left_out_of_the_peak(monkeypatch):
 def test_a_study_measures_its_machines_peak_once_and_keeps_it(tmp_path):
     import optuna
 
-    from tuner.insight.roofline import PEAK_ATTR_PREFIX, peak_key
+    from tuner.insight.roofline import peak_key
+    from tuner.keys import PEAK_ATTR_PREFIX
     from tuner.latency.peak import study_peak
 
     study = optuna.create_study(storage=f"sqlite:///{tmp_path}/s.db", directions=["maximize"])

@@ -14,12 +14,11 @@ from conftest import runnable_backends
 
 from tuner.config.compose import compose_config
 from tuner.errors import ConfigError
+from tuner.keys import CHANGES_ATTR, CONFIGURATION_ATTR, RETRY_HISTORY, TRAINED_IN_ATTR
 from tuner.store import budget
-from tuner.store.settings import CHANGES_ATTR
 from tuner.study.run import run_study
 from tuner.study.samplers import SAMPLERS
 from tuner.tracking.runs import Tracker
-from tuner.trial.points import CONFIGURATION_ATTR
 
 pytestmark = pytest.mark.slow
 
@@ -161,7 +160,7 @@ def _queue(study: optuna.Study, params: dict, distributions: dict, history: list
             state=TrialState.WAITING,
             params=params,
             distributions=distributions,
-            system_attrs={"failed_trial": history[0], budget.RETRY_HISTORY: history},
+            system_attrs={"failed_trial": history[0], RETRY_HISTORY: history},
         )
     )
 
@@ -192,7 +191,7 @@ def test_a_retry_whose_points_are_all_written_is_pruned_without_training(study_d
             params=first.params,
             distributions=first.distributions,
             values=first.values,
-            user_attrs={**first.user_attrs, budget.TRAINED_IN_ATTR: 999, "deploy.backend": own},
+            user_attrs={**first.user_attrs, TRAINED_IN_ATTR: 999, "deploy.backend": own},
         )
     )
     params = {k: v for k, v in first.params.items() if k != "deploy.backend"}

@@ -15,8 +15,8 @@ from omegaconf import OmegaConf
 from tuner.data.batches import ExampleInputs
 from tuner.errors import ConfigError
 from tuner.front.points import study_points
+from tuner.keys import LATENCY_KEY_ATTR, SETTINGS_ATTR
 from tuner.latency.protocol import LatencyProtocol, LatencyResult, objective_name, time_rounds
-from tuner.store.keys import LATENCY_KEY_ATTR
 from tuner.store.latency_table import (
     LatencyTable,
     digest_of,
@@ -27,7 +27,6 @@ from tuner.store.latency_table import (
     structure_of,
 )
 from tuner.store.optuna_compat import study_id_of
-from tuner.store.settings import SETTINGS_ATTR
 
 PROTOCOL_RECORD = {"latency.seq_len": 16, "latency.cpu": "test CPU", "latency.cpu_flags": "avx2"}
 DEPLOY = OmegaConf.create(

@@ -24,6 +24,8 @@ from conftest import run_cli
 from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
+from tuner.keys import ROLE_TAG
+
 # Real studies in subprocesses: the full suite's, not the fast selection's.
 pytestmark = pytest.mark.slow
 
@@ -137,8 +139,8 @@ def _run_smoke_study(tmp_path: Path) -> Study:
     experiment = client.get_experiment_by_name(EXPERIMENT)
     assert experiment is not None, f"no MLflow experiment {EXPERIMENT!r}"
     runs = client.search_runs([experiment.experiment_id], max_results=1000)
-    parents = [r for r in runs if r.data.tags.get("tuner.role") == "study"]
-    trials = [r for r in runs if r.data.tags.get("tuner.role") == "trial"]
+    parents = [r for r in runs if r.data.tags.get(ROLE_TAG) == "study"]
+    trials = [r for r in runs if r.data.tags.get(ROLE_TAG) == "trial"]
     assert len(parents) == 1 and trials
     return Study(experiment.experiment_id, parents[0], trials)
 

@@ -8,6 +8,7 @@ import time
 import optuna
 from optuna.distributions import FloatDistribution
 
+from tuner.keys import DUPLICATE_ATTR, TRAINED_IN_ATTR
 from tuner.store import budget
 from tuner.store.optuna_compat import (
     FilteredSampler,
@@ -44,7 +45,7 @@ def _copy_of(trained_in: int, x: float) -> optuna.trial.FrozenTrial:
         params={"x": x},
         distributions=SPACE,
         values=[x, 1.0],
-        user_attrs={budget.TRAINED_IN_ATTR: trained_in},
+        user_attrs={TRAINED_IN_ATTR: trained_in},
     )
 
 
@@ -56,7 +57,7 @@ def test_the_sampler_sees_configurations_only():
     )
 
     def objective(trial: optuna.Trial) -> tuple[float, float]:
-        trial.set_user_attr(budget.TRAINED_IN_ATTR, trial.number)
+        trial.set_user_attr(TRAINED_IN_ATTR, trial.number)
         x = trial.suggest_float("x", 0.0, 1.0)
         # Three more backends of this model, as the objective adds them.
         for _ in range(3):
@@ -77,7 +78,7 @@ def _draws(sampler: optuna.samplers.BaseSampler, copies: int, n_trials: int) -> 
     drawn = []
 
     def objective(trial: optuna.Trial) -> tuple[float, float]:
-        trial.set_user_attr(budget.TRAINED_IN_ATTR, trial.number)
+        trial.set_user_attr(TRAINED_IN_ATTR, trial.number)
         x = trial.suggest_float("x", 0.0, 1.0)
         drawn.append(x)
         for _ in range(copies):
@@ -139,7 +140,7 @@ def test_the_sampler_never_sees_a_duplicate_teacher_trial():
     # Finished unrun, without params: no draw of the space, and no start-up trial either.
     study.add_trial(
         optuna.trial.create_trial(
-            state=optuna.trial.TrialState.PRUNED, system_attrs={budget.DUPLICATE_ATTR: True}
+            state=optuna.trial.TrialState.PRUNED, system_attrs={DUPLICATE_ATTR: True}
         )
     )
     study.optimize(lambda trial: (trial.suggest_float("x", 0.0, 1.0), 1.0), n_trials=1)

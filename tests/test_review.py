@@ -26,7 +26,7 @@ from tuner.data import load_splits
 from tuner.front.constraints import baseline_of
 from tuner.front.points import study_points
 from tuner.front.recommend import Rule, recommend
-from tuner.store.keys import LATENCY_KEY_ATTR
+from tuner.keys import LATENCY_KEY_ATTR, MODEL_ABSENT_TAG, MODEL_URI_TAG, RETRAIN_TAG, ROLE_TAG
 
 # Real studies in subprocesses: the full suite's, not the fast selection's.
 pytestmark = pytest.mark.slow
@@ -44,10 +44,10 @@ def _runs(path):
     experiment = client.get_experiment_by_name(STUDY)
     runs = client.search_runs([experiment.experiment_id], max_results=1000)
     parents = sorted(
-        (r for r in runs if r.data.tags.get("tuner.role") == "study"),
+        (r for r in runs if r.data.tags.get(ROLE_TAG) == "study"),
         key=lambda r: r.info.start_time,
     )
-    children = [r for r in runs if r.data.tags.get("tuner.role") == "trial"]
+    children = [r for r in runs if r.data.tags.get(ROLE_TAG) == "trial"]
     return client, experiment, parents, children
 
 
@@ -147,17 +147,17 @@ def test_pareto_points_are_deployable_mlflow_models(smoke, tmp_path):
         if point.model_uri is None:
             # Dominated when it was made (no model logged then); a later session raised the
             # latency of a point that dominated it. Its run says so and how to get its model.
-            assert run.data.tags["tuner.model_absent"].startswith("joined the front after")
+            assert run.data.tags[MODEL_ABSENT_TAG].startswith("joined the front after")
             continue
         assert point.model_uri.removeprefix("models:/") in logged
-        assert run.data.tags["tuner.model_uri"] == point.model_uri
+        assert run.data.tags[MODEL_URI_TAG] == point.model_uri
         mlflow.set_tracking_uri(_stores(smoke)[1])
         model = mlflow.pyfunc.load_model(point.model_uri)
         schema = model.metadata.signature
         assert schema.inputs.input_names() == ["text"]
         assert schema.outputs.input_names() == ["label", "score"]
         assert model.metadata.metadata["deploy.backend"] == point.backend
-        assert model.metadata.metadata["retrain"] == run.data.tags["tuner.retrain"]
+        assert model.metadata.metadata["retrain"] == run.data.tags[RETRAIN_TAG]
         # What the point ships says how it was deployed: its own backend, not the base config's.
         local = Path(
             mlflow.artifacts.download_artifacts(
@@ -178,8 +178,8 @@ def test_pareto_points_are_deployable_mlflow_models(smoke, tmp_path):
         number = int(run.data.tags["optuna.trial_number"])
         backend = run.data.tags["deploy.backend"]
         point = next((p for p in points if (p.trial_number, p.backend) == (number, backend)), None)
-        if point is not None and "tuner.model_uri" not in run.data.tags:
-            assert not point.pareto or "tuner.model_absent" in run.data.tags
+        if point is not None and MODEL_URI_TAG not in run.data.tags:
+            assert not point.pareto or MODEL_ABSENT_TAG in run.data.tags
 
 
 def test_retrain_commands_reproduce_two_backends_of_one_model(smoke, tmp_path):
@@ -189,7 +189,7 @@ def test_retrain_commands_reproduce_two_backends_of_one_model(smoke, tmp_path):
     assert len({p.backend for p in points}) == 2
     client = MlflowClient(_stores(smoke)[1])
     for point in points:
-        command = shlex.split(client.get_run(point.mlflow_run_id).data.tags["tuner.retrain"])
+        command = shlex.split(client.get_run(point.mlflow_run_id).data.tags[RETRAIN_TAG])
         assert command[:3] == ["python", "-m", "tuner"]
         overrides = command[3:]
         assert f"deploy.backend={point.backend}" in overrides
@@ -398,7 +398,7 @@ def test_retime_front_times_the_front_again_against_the_study_s_table(smoke):
 def test_the_front_to_time_again_is_the_one_under_the_study_s_own_constraints(smoke, tmp_path):
     import shutil
 
-    from tuner.store.settings import SETTINGS_ATTR
+    from tuner.keys import SETTINGS_ATTR
     from tuner.study.stored_front import study_front
 
     # The smoke study, as if made with study.max_accuracy_drop=0: points below the best eager

@@ -17,8 +17,8 @@ from tuner.data import load_splits
 from tuner.deploy.backends import BACKENDS, Backend
 from tuner.deploy.backends.support.torch_files import export_weights, load_weights
 from tuner.edits import apply_edits
-from tuner.front.early_stopping import CURVE_ATTR, PRUNED_ATTR
 from tuner.front.points import failures_of, study_points
+from tuner.keys import CURVE_ATTR, PRUNED_ATTR, PRUNED_TAG
 from tuner.latency.steadiness import _REFERENCES, MachineReference
 from tuner.models import build_model
 from tuner.store.latency_table import LatencyTable
@@ -196,7 +196,7 @@ def test_a_configuration_over_the_latency_budget_is_not_trained(study_dir):
         )
         assert CURVE_ATTR not in trial.user_attrs  # no epoch was trained
         run = _run_of(client, trial)
-        assert run.info.status == "KILLED" and run.data.tags["tuner.pruned"] == "true"
+        assert run.info.status == "KILLED" and run.data.tags[PRUNED_TAG] == "true"
         assert "before training" in run.data.tags["failure_reason"]
         assert client.get_metric_history(run.info.run_id, "train_loss") == []
     # Pruned, not failed: nothing is retried or reported as a failure.

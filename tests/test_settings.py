@@ -8,9 +8,8 @@ import pytest
 
 from tuner.config.compose import compose_config, resolve
 from tuner.errors import ConfigError
+from tuner.keys import CHANGES_ATTR, SETTINGS_ATTR
 from tuner.store.settings import (
-    CHANGES_ATTR,
-    SETTINGS_ATTR,
     check_change_keys,
     settings_of,
     settle,

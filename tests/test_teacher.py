@@ -24,14 +24,22 @@ from tuner.config.compose import compose_config
 from tuner.data import load_splits
 from tuner.deploy.backends import BACKENDS
 from tuner.errors import ConfigError, StudyStopped
-from tuner.front.constraints import EAGER_ACCURACY_ATTR
+from tuner.keys import (
+    ARCHITECTURE_ATTR,
+    EAGER_ACCURACY_ATTR,
+    RETRAIN_TAG,
+    SETTINGS_ATTR,
+    START_FROM_TAG,
+    STORED_ATTR,
+    TEACHER_LOADED_TAG,
+    TEACHER_OF_ATTR,
+    TEACHER_TAG,
+    TRIAL_ATTR,
+)
 from tuner.models.recipe import ModelRecipe
 from tuner.store import budget
-from tuner.store.keys import TEACHER_OF_ATTR
-from tuner.store.settings import SETTINGS_ATTR
 from tuner.study.run import run_study
-from tuner.trial.points import ARCHITECTURE_ATTR
-from tuner.trial.teacher import STORED_ATTR, TRIAL_ATTR, StoredTeacher, save_teacher
+from tuner.trial.teacher import StoredTeacher, save_teacher
 
 TrialState = optuna.trial.TrialState
 SMOKE = ("+experiment=bert_ffn", "debug=smoke", "deploy.backend=eager")
@@ -106,9 +114,9 @@ def test_the_teacher_is_trained_once_stored_and_reused_by_resumes(study_dir, cap
     (student,) = [t for t in _configurations(study) if t.number != 0]
     run = client.get_run(student.user_attrs["mlflow_run_id"])
     assert run.data.params["train.distill.alpha"] == "0.5"
-    assert run.data.tags["tuner.teacher"] == stored["uri"]
+    assert run.data.tags[TEACHER_TAG] == stored["uri"]
     overrides = OverridesParser.create().parse_overrides(
-        shlex.split(run.data.tags["tuner.retrain"])[3:]
+        shlex.split(run.data.tags[RETRAIN_TAG])[3:]
     )
     pinned = {o.key_or_group: o.value() for o in overrides}
     assert pinned["train.distill.teacher"] == stored["uri"]
@@ -191,7 +199,7 @@ def test_a_teacher_trial_interrupted_after_storing_its_teacher_loads_it_when_ret
     assert sorted(t.user_attrs["deploy.backend"] for t in points) == sorted(runnable)
     for point in points:
         run = client.get_run(point.user_attrs["mlflow_run_id"])
-        assert run.data.tags["tuner.teacher_loaded"] == f"{record['uri']} (trained in trial #0)"
+        assert run.data.tags[TEACHER_LOADED_TAG] == f"{record['uri']} (trained in trial #0)"
         # Its run shows the training that made it, epoch by epoch (the deployed point's
         # accuracy follows at the last step, as in every run).
         history = {
@@ -203,7 +211,7 @@ def test_a_teacher_trial_interrupted_after_storing_its_teacher_loads_it_when_ret
         assert run.data.metrics["train_seconds"] == record["training"]["seconds"]
     (student,) = [t for t in _configurations(study) if budget.configuration_of(t) != 0]
     tags = client.get_run(student.user_attrs["mlflow_run_id"]).data.tags
-    assert tags["tuner.teacher"] == record["uri"]
+    assert tags[TEACHER_TAG] == record["uri"]
     # Trained in this process, as the teacher was.
     assert record["training"]["trained_on"] == tags["train.trained_on"]
 
@@ -253,7 +261,7 @@ def test_a_distilled_point_retrains_to_the_same_accuracy(study_dir, start_from):
     *_, student = [t for t in _configurations(study) if TRIAL_ATTR not in t.system_attrs]
     client = MlflowClient(f"sqlite:///{study_dir}/mlflow.db")
     command = shlex.split(
-        client.get_run(student.user_attrs["mlflow_run_id"]).data.tags["tuner.retrain"]
+        client.get_run(student.user_attrs["mlflow_run_id"]).data.tags[RETRAIN_TAG]
     )
     overrides = command[3:]
     run_study(compose_config(overrides), overrides=overrides)
@@ -346,12 +354,12 @@ def test_distilled_students_can_start_from_the_teachers_weights_and_retrain_from
     stored = study.user_attrs[STORED_ATTR]["auto"]["uri"]
     client = MlflowClient(f"sqlite:///{study_dir}/mlflow.db")
     run = client.get_run(student.user_attrs["mlflow_run_id"])
-    assert run.data.tags["tuner.teacher"] == stored
-    command = shlex.split(run.data.tags["tuner.retrain"])
+    assert run.data.tags[TEACHER_TAG] == stored
+    command = shlex.split(run.data.tags[RETRAIN_TAG])
     overrides = OverridesParser.create().parse_overrides(command[3:])
     pinned = {o.key_or_group: o.value() for o in overrides}
     assert pinned["train.distill.teacher"] == stored
-    assert pinned["train.distill.start_from"] == run.data.tags["tuner.start_from"] == "teacher"
+    assert pinned["train.distill.start_from"] == run.data.tags[START_FROM_TAG] == "teacher"
     assert pinned["train.distill.temperature"] == 1.0  # bert_ffn's
     run_study(compose_config(command[3:]), overrides=command[3:])
     retrained_name = f"bert_ffn-retrain-{student.number}-eager-smoke"
@@ -415,7 +423,7 @@ def test_cnn_students_start_from_the_teacher_cut_to_their_width_and_depth(
         f"tags.`tuner.trained_in_trial` = '{student.number}'",
     )
     assert {r.data.tags["deploy.backend"] for r in runs} == {"eager", "onnxruntime_int8_static"}
-    assert "teacher" in {r.data.tags.get("tuner.start_from") for r in runs}
+    assert "teacher" in {r.data.tags.get(START_FROM_TAG) for r in runs}
     accuracy = teacher.user_attrs[EAGER_ACCURACY_ATTR]
     assert accuracy > 0.3  # well above chance (0.1): its predictions are worth comparing
     if same_as_teacher:

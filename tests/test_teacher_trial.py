@@ -17,6 +17,7 @@ from conftest import TINY_BERT
 
 import tuner.study.teacher_trial
 from tuner.errors import StudyStopped
+from tuner.keys import STORED_ATTR, TRIAL_ATTR
 from tuner.models.recipe import ModelRecipe
 from tuner.store.lease import Leases
 from tuner.store.optuna_compat import stale_trial_ids, trial_id_of
@@ -25,7 +26,7 @@ from tuner.store.storage import Heartbeat, open_storage
 from tuner.study.teacher_trial import ensure_trained
 from tuner.training import TrainResult
 from tuner.trial import teacher as teacher_module
-from tuner.trial.teacher import STORED_ATTR, TRIAL_ATTR, Teachers, record_stored, save_teacher
+from tuner.trial.teacher import Teachers, record_stored, save_teacher
 
 TrialState = optuna.trial.TrialState
 LABELS = ["neg", "pos"]

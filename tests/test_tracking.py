@@ -99,8 +99,9 @@ def test_the_report_says_why_a_point_has_no_logged_model(tmp_path, monkeypatch):
     from mlflow.tracking import MlflowClient
 
     from tuner.front.points import Point
+    from tuner.keys import MODEL_ABSENT_TAG, MODEL_ERROR_TAG
     from tuner.report import why_no_model
-    from tuner.tracking.runs import JOINED_LATER, MODEL_ABSENT_TAG, MODEL_ERROR_TAG, Tracker
+    from tuner.tracking.runs import JOINED_LATER, Tracker
 
     monkeypatch.chdir(tmp_path)
     tracker = Tracker(f"sqlite:///{tmp_path}/mlflow.db", "study")

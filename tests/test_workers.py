@@ -16,8 +16,16 @@ import pytest
 from conftest import postgres_control, runnable_backends
 from mlflow.tracking import MlflowClient
 
-from tuner.store import budget
-from tuner.trial.teacher import STORED_ATTR, TRIAL_ATTR
+from tuner.keys import (
+    DUPLICATE_ATTR,
+    ROLE_TAG,
+    SKIPPED_ATTR,
+    STORED_ATTR,
+    TEACHER_TAG,
+    TRAINED_IN_ATTR,
+    TRAINED_IN_TAG,
+    TRIAL_ATTR,
+)
 
 # Real studies in subprocesses: the full suite's, not the fast selection's.
 pytestmark = pytest.mark.slow
@@ -89,9 +97,7 @@ def _stores(postgres_database) -> tuple[str, str]:
 
 def _own_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
     """The trials that trained a configuration (not the other backends' points)."""
-    return [
-        t for t in study.trials if t.user_attrs.get(budget.TRAINED_IN_ATTR, t.number) == t.number
-    ]
+    return [t for t in study.trials if t.user_attrs.get(TRAINED_IN_ATTR, t.number) == t.number]
 
 
 def _assert_consistent(study: optuna.Study, tracking: str, trained: int) -> None:
@@ -108,7 +114,7 @@ def _assert_consistent(study: optuna.Study, tracking: str, trained: int) -> None
     runs = client.search_runs([experiment.experiment_id], max_results=1000)
     assert not [r for r in runs if r.info.status == "RUNNING"]
     finished = [
-        r for r in runs if r.data.tags.get("tuner.role") == "trial" and r.info.status == "FINISHED"
+        r for r in runs if r.data.tags.get(ROLE_TAG) == "trial" and r.info.status == "FINISHED"
     ]
     numbers = sorted(int(r.data.tags["optuna.trial_number"]) for r in finished)
     assert numbers == sorted(t.number for t in complete)
@@ -140,7 +146,7 @@ def test_workers_share_n_trials_of_one_study(workdirs, postgres_database):
     # once, and every trained student learnt from that one. (Workers that each queued a teacher
     # trial at the same moment leave the others skipped, unrun.)
     teachers = [t for t in study.trials if TRIAL_ATTR in t.system_attrs]
-    (teacher,) = [t for t in teachers if budget.DUPLICATE_ATTR not in t.system_attrs]
+    (teacher,) = [t for t in teachers if DUPLICATE_ATTR not in t.system_attrs]
     assert all(t.state == TrialState.PRUNED and not t.params for t in teachers if t != teacher)
     assert teacher.state == TrialState.COMPLETE
     stored = study.user_attrs[STORED_ATTR]["auto"]
@@ -149,10 +155,10 @@ def test_workers_share_n_trials_of_one_study(workdirs, postgres_database):
     for trial in _own_trials(study):
         if trial.params.get("train.distill.alpha", 0) > 0:
             tags = client.get_run(trial.user_attrs["mlflow_run_id"]).data.tags
-            assert tags["tuner.teacher"] == stored["uri"]
+            assert tags[TEACHER_TAG] == stored["uri"]
     # Workers drew different configurations, not one seed's sequence each. (A worker that found
     # the budget spent between its check and its ask leaves a skipped trial without params.)
-    drawn = [t for t in _own_trials(study) if budget.SKIPPED_ATTR not in t.user_attrs]
+    drawn = [t for t in _own_trials(study) if SKIPPED_ATTR not in t.user_attrs]
     assert len(drawn) == 4
     assert len({tuple(sorted(t.params.items())) for t in drawn}) == len(drawn)
     # A later worker finds the budget spent and adds nothing.
@@ -201,10 +207,10 @@ def _assert_consistent_after_failure(study, tracking: str, trained: int, failed)
     experiment = client.get_experiment_by_name(STUDY)
     runs = client.search_runs([experiment.experiment_id], max_results=1000)
     assert not [r for r in runs if r.info.status == "RUNNING"]
-    dead = [r for r in runs if r.data.tags.get("tuner.trained_in_trial") == str(failed.number)]
+    dead = [r for r in runs if r.data.tags.get(TRAINED_IN_TAG) == str(failed.number)]
     assert dead and all(r.info.status in ("FAILED", "KILLED") for r in dead)
     assert all("heartbeat" in r.data.tags["failure_reason"] for r in dead)
-    parents = [r for r in runs if r.data.tags.get("tuner.role") == "study"]
+    parents = [r for r in runs if r.data.tags.get(ROLE_TAG) == "study"]
     assert sorted(r.info.status for r in parents) == ["FINISHED", "KILLED"]
 
 

@@ -42,11 +42,12 @@ from tuner.front import (
 )
 from tuner.front import messages as front_messages
 from tuner.insight import MachinePeak, stored_peaks
+from tuner.keys import MODEL_ABSENT_TAG, MODEL_ERROR_TAG, RETRAIN_TAG
 from tuner.latency import objective_name
 from tuner.secrets import mask_urls_in
 from tuner.store import CurrentSplit, data_changes, data_fingerprint, settings_of
 from tuner.study import TEST_METRIC, load_study, study_settings, test_accuracy
-from tuner.tracking import MODEL_ABSENT_TAG, MODEL_ERROR_TAG, override_keys
+from tuner.tracking import override_keys
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -129,7 +130,7 @@ def _summary(
 ) -> dict[str, Any]:
     run = client.get_run(point.mlflow_run_id) if point.mlflow_run_id else None
     params = run.data.params if run else {}
-    retrain = run.data.tags.get("tuner.retrain") if run else None
+    retrain = run.data.tags.get(RETRAIN_TAG) if run else None
     return {
         "study": study.study_name,
         "trial": point.trial_number,

@@ -4,13 +4,10 @@ recommendation, plots."""
 from __future__ import annotations
 
 from tuner.front.compare import biggest_difference, breakdown
-from tuner.front.constraints import EAGER_ACCURACY_ATTR, Baseline, Constraints, baseline_of
-from tuner.front.convergence import REFERENCE_ATTR, convergence, front_note, reference_point
+from tuner.front.constraints import Baseline, Constraints, baseline_of
+from tuner.front.convergence import convergence, front_note, reference_point
 from tuner.front.current import front_of, summarise_front
 from tuner.front.early_stopping import (
-    CURVE_ATTR,
-    PRUNED_ATTR,
-    SAMPLER_VIEW_ATTR,
     NotWorthTraining,
     PruningSettings,
     over_budget_reason,
@@ -26,17 +23,12 @@ from tuner.front.recommend import DEFAULT_MAX_ACCURACY_DROP, Rule, recommend
 
 __all__ = [
     "Baseline",
-    "CURVE_ATTR",
     "Constraints",
     "DEFAULT_MAX_ACCURACY_DROP",
-    "EAGER_ACCURACY_ATTR",
     "NotWorthTraining",
-    "PRUNED_ATTR",
     "Point",
     "PruningSettings",
-    "REFERENCE_ATTR",
     "Rule",
-    "SAMPLER_VIEW_ATTR",
     "baseline_of",
     "biggest_difference",
     "breakdown",

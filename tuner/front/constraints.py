@@ -22,8 +22,7 @@ import optuna
 from omegaconf import DictConfig
 from optuna.trial import TrialState
 
-# The eager fp32 validation accuracy of the model a point was deployed from.
-EAGER_ACCURACY_ATTR = "reference_accuracy"
+from tuner.keys import EAGER_ACCURACY_ATTR
 
 
 @dataclass(frozen=True)

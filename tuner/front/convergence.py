@@ -26,8 +26,7 @@ from omegaconf import DictConfig
 from tuner.front.constraints import Baseline
 from tuner.front.pareto import hypervolume
 from tuner.front.points import Point
-
-REFERENCE_ATTR = "hypervolume_reference"
+from tuner.keys import REFERENCE_ATTR
 
 
 @dataclass(frozen=True)

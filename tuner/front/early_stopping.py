@@ -21,18 +21,12 @@ import optuna
 from omegaconf import DictConfig
 from optuna.trial import FrozenTrial, TrialState
 
-from tuner.front.constraints import EAGER_ACCURACY_ATTR, Baseline, Constraints, baseline_of
+from tuner.front.constraints import Baseline, Constraints, baseline_of
 from tuner.front.pareto import dominates
 from tuner.front.points import Point
+from tuner.keys import BACKEND_KEY, CURVE_ATTR, EAGER_ACCURACY_ATTR, SAMPLER_VIEW_ATTR
 from tuner.latency import LatencyResult
-from tuner.store import BACKEND_KEY, completed_copy, is_configuration
-
-# Optuna user attribute of every trial that trains: its eager validation accuracy per epoch.
-CURVE_ATTR = "val_accuracy_curve"
-# Optuna user attributes of a pruned trial: why it was stopped, and what the sampler is shown
-# (`values`: accuracy and latency, `constraints`: name -> value).
-PRUNED_ATTR = "pruned_reason"
-SAMPLER_VIEW_ATTR = "sampler_view"
+from tuner.store import completed_copy, is_configuration
 
 
 class NotWorthTraining(optuna.TrialPruned):

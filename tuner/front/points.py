@@ -11,17 +11,18 @@ import pandas as pd
 
 from tuner.front.constraints import Constraints, baseline_of
 from tuner.front.pareto import pareto_mask
-from tuner.insight import INSIGHT_ATTR, PointInsight
-from tuner.latency import DEFAULT_STATISTIC, objective_name
-from tuner.store import (
+from tuner.insight import PointInsight
+from tuner.keys import (
     DUPLICATE_ATTR,
     FAILED_BACKEND_ATTR,
+    INSIGHT_ATTR,
     LATENCY_KEY_ATTR,
     MODEL_URI_ATTR,
     RUN_ID_ATTR,
     TEACHER_OF_ATTR,
-    retried_numbers,
 )
+from tuner.latency import DEFAULT_STATISTIC, objective_name
+from tuner.store import retried_numbers
 
 if TYPE_CHECKING:
     from tuner.store import LatencyTable

@@ -2,13 +2,12 @@
 
 from tuner.insight.graph import GraphDump, dispatched_graph, graph_ops, onnx_graph
 from tuner.insight.op_classes import OP_CLASSES, op_class
-from tuner.insight.point import INSIGHT_ATTR, PointInsight
+from tuner.insight.point import PointInsight
 from tuner.insight.profile import OpProfile, profile_onnx, profile_torch
 from tuner.insight.roofline import (
     BF16,
     FP32,
     INT8,
-    PEAK_ATTR_PREFIX,
     PRECISIONS,
     MachinePeak,
     peak_key,
@@ -20,12 +19,10 @@ __all__ = [
     "BF16",
     "FP32",
     "GraphDump",
-    "INSIGHT_ATTR",
     "INT8",
     "MachinePeak",
     "OP_CLASSES",
     "OpProfile",
-    "PEAK_ATTR_PREFIX",
     "PRECISIONS",
     "PointInsight",
     "dispatched_graph",

@@ -12,8 +12,6 @@ from typing import Any
 
 from tuner.insight.roofline import MachinePeak, Roofline, roofline
 
-INSIGHT_ATTR = "insight"
-
 
 @dataclass(frozen=True)
 class PointInsight:

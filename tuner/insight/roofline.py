@@ -19,10 +19,10 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from tuner.keys import PEAK_ATTR_PREFIX
+
 FP32, BF16, INT8 = "fp32", "bf16", "int8"
 PRECISIONS = (FP32, BF16, INT8)
-# The study user attribute holding the peaks measured on one machine (its digest follows).
-PEAK_ATTR_PREFIX = "machine_peak:"
 
 
 @dataclass(frozen=True)

@@ -13,15 +13,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from tuner.insight import (
-    BF16,
-    INT8,
-    PEAK_ATTR_PREFIX,
-    PRECISIONS,
-    MachinePeak,
-    peak_key,
-    stored_peaks,
-)
+from tuner.insight import BF16, INT8, PRECISIONS, MachinePeak, peak_key, stored_peaks
+from tuner.keys import PEAK_ATTR_PREFIX
 from tuner.latency.protocol import pinned_threads
 
 # Square GEMMs this large keep every core busy and run at the kernels' best rate.

@@ -4,25 +4,7 @@ repeat), the names of its attributes, settings, budget, leases, requeue, the lat
 from __future__ import annotations
 
 from tuner.store.budget import is_configuration, retried_numbers
-from tuner.store.data_settings import (
-    DATA_SETTINGS_ATTR,
-    CurrentSplit,
-    current_split,
-    data_changes,
-    data_fingerprint,
-)
-from tuner.store.keys import (
-    BACKEND_KEY,
-    DUPLICATE_ATTR,
-    FAIL_REASON_ATTR,
-    FAILED_BACKEND_ATTR,
-    LATENCY_KEY_ATTR,
-    MODEL_URI_ATTR,
-    RETRY_HISTORY,
-    RUN_ID_ATTR,
-    TEACHER_OF_ATTR,
-    TRAINED_IN_ATTR,
-)
+from tuner.store.data_settings import CurrentSplit, current_split, data_changes, data_fingerprint
 from tuner.store.latency_table import (
     LatencyTable,
     digest_of,
@@ -64,25 +46,14 @@ from tuner.store.storage import (
 )
 
 __all__ = [
-    "BACKEND_KEY",
     "CurrentSplit",
-    "DATA_SETTINGS_ATTR",
     "DIRECTIONS",
-    "DUPLICATE_ATTR",
-    "FAILED_BACKEND_ATTR",
-    "FAIL_REASON_ATTR",
     "FilteredSampler",
     "Heartbeat",
-    "LATENCY_KEY_ATTR",
     "LatencyTable",
     "Leases",
-    "MODEL_URI_ATTR",
-    "RETRY_HISTORY",
     "RETRY_SECONDS",
-    "RUN_ID_ATTR",
     "RetryingProxy",
-    "TEACHER_OF_ATTR",
-    "TRAINED_IN_ATTR",
     "beat_once",
     "call_with_retries",
     "check_change_keys",

@@ -15,13 +15,7 @@ from collections.abc import Sequence
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from tuner.store.keys import (
-    BACKEND_KEY,
-    DUPLICATE_ATTR,
-    RETRY_HISTORY,
-    SKIPPED_ATTR,
-    TRAINED_IN_ATTR,
-)
+from tuner.keys import BACKEND_KEY, DUPLICATE_ATTR, RETRY_HISTORY, SKIPPED_ATTR, TRAINED_IN_ATTR
 
 
 def is_configuration(trial: FrozenTrial) -> bool:

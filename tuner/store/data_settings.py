@@ -20,11 +20,9 @@ from typing import Any
 from optuna.trial import FrozenTrial, TrialState
 
 from tuner.errors import ConfigError
-from tuner.store.settings import ABSENT, CHANGES_ATTR, covered, settings_in
+from tuner.keys import CHANGES_ATTR, DATA_SETTINGS_ATTR
+from tuner.store.settings import ABSENT, covered, settings_in
 
-# Trial user attribute: the fingerprint of the data settings the point was trained and validated
-# on (`data_fingerprint`).
-DATA_SETTINGS_ATTR = "data_settings"
 DATA_PREFIX = "data"
 # Enough hex digits that two data settings of one study never share one by chance.
 _FINGERPRINT_CHARS = 12

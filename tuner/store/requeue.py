@@ -6,8 +6,8 @@ from __future__ import annotations
 import optuna
 from optuna.trial import FrozenTrial
 
+from tuner.keys import DUPLICATE_ATTR, FAIL_REASON_ATTR, RETRY_HISTORY
 from tuner.store.budget import retried_numbers, retry_template
-from tuner.store.keys import DUPLICATE_ATTR, FAIL_REASON_ATTR, RETRY_HISTORY
 from tuner.store.lease import Leases
 
 

@@ -21,12 +21,11 @@ from omegaconf import DictConfig, OmegaConf
 
 from tuner import console
 from tuner.errors import ConfigError
+from tuner.keys import CHANGES_ATTR, SETTINGS_ATTR
 from tuner.latency import DEFAULT_STATISTIC, STATISTIC_KEY, objective_name
 
 # Every study's objective directions, in Optuna's order; their names: `objectives`.
 DIRECTIONS = ("maximize", "minimize")
-SETTINGS_ATTR = "settings"
-CHANGES_ATTR = "settings_changes"
 CHANGE_KEY = "study.change_settings"
 # The config nodes whose values shape the results; a dotted key stands for its whole subtree.
 SHAPING = (

@@ -14,8 +14,8 @@ from tuner.config import SearchSpace
 from tuner.deploy import BACKENDS, unavailable_backends
 from tuner.devices import resolve_device
 from tuner.errors import ConfigError
+from tuner.keys import BACKEND_KEY
 from tuner.latency import unknown_cpu_notice
-from tuner.store import BACKEND_KEY
 from tuner.study import messages
 from tuner.study.checks import defined_in
 

@@ -27,11 +27,11 @@ from tuner.config import with_params
 from tuner.data import ExampleInputs
 from tuner.deploy import convert_into
 from tuner.front import Constraints, points_of
+from tuner.keys import LATENCY_KEY_ATTR
 from tuner.latency import LatencyProtocol, LatencyResult, Timed, time_rounds, wait_for_steady
 from tuner.latency import messages as latency_messages
 from tuner.models import ModelRecipe
 from tuner.store import (
-    LATENCY_KEY_ATTR,
     LatencyTable,
     digest_of,
     latency_key,

@@ -12,8 +12,9 @@ from optuna.trial import TrialState
 
 from tuner.front import Constraints, Point, summarise_front
 from tuner.interrupts import immediate
+from tuner.keys import LATENCY_KEY_ATTR
 from tuner.latency import LatencyProtocol, objective_name
-from tuner.store import LATENCY_KEY_ATTR, LatencyTable, Leases
+from tuner.store import LatencyTable, Leases
 from tuner.study import messages
 from tuner.study.confirmation import Rebuilder, confirm_front
 from tuner.tracking import Tracker

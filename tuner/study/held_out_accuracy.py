@@ -12,12 +12,10 @@ from tuner import console
 from tuner.data import Splits
 from tuner.deploy import load_point_model
 from tuner.front import Point
+from tuner.keys import TEST_EXAMPLES_TAG, TEST_SPLIT_TAG
 from tuner.modalities import MODALITIES
 
 TEST_METRIC = "test_accuracy"
-# Beside the test accuracy on a point's run: the data fingerprint (`tuner.store.data_settings`) of
-# the split it was measured on, so that a value measured on another split is never reused.
-TEST_SPLIT_TAG = "tuner.test_split"
 
 
 def cached_test_accuracy(
@@ -61,5 +59,5 @@ def test_accuracy(
     accuracy = sum(p == e for p, e in zip(predicted, expected, strict=True)) / len(expected)
     client.log_metric(point.mlflow_run_id, TEST_METRIC, accuracy)
     client.set_tag(point.mlflow_run_id, TEST_SPLIT_TAG, test_split)
-    client.set_tag(point.mlflow_run_id, "tuner.test_examples", str(len(expected)))
+    client.set_tag(point.mlflow_run_id, TEST_EXAMPLES_TAG, str(len(expected)))
     return accuracy

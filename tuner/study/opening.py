@@ -16,10 +16,10 @@ from optuna.distributions import CategoricalDistribution, check_distribution_com
 from tuner import console
 from tuner.config import SearchSpace
 from tuner.errors import ConfigError
-from tuner.front import REFERENCE_ATTR, sampler_view
+from tuner.front import sampler_view
+from tuner.keys import BACKEND_KEY, REFERENCE_ATTR
 from tuner.secrets import mask_url
 from tuner.store import (
-    BACKEND_KEY,
     DIRECTIONS,
     FilteredSampler,
     Heartbeat,

@@ -19,8 +19,8 @@ from optuna.trial import FrozenTrial, TrialState
 
 from tuner.errors import StudyStopped
 from tuner.interrupts import raise_if_interrupted
+from tuner.keys import FAIL_REASON_ATTR, SKIPPED_ATTR, STORED_ATTR, TRIAL_ATTR
 from tuner.store import (
-    FAIL_REASON_ATTR,
     Leases,
     beat_once,
     budget,
@@ -32,15 +32,7 @@ from tuner.store import (
 )
 from tuner.study import messages
 from tuner.study.worker_loop import carry_on
-from tuner.trial import (
-    KEY,
-    STORED_ATTR,
-    TRIAL_ATTR,
-    TeacherMissing,
-    Teachers,
-    TeacherUnreachable,
-    teacher_of,
-)
+from tuner.trial import KEY, TeacherMissing, Teachers, TeacherUnreachable, teacher_of
 from tuner.trial import messages as trial_messages
 
 # (the claimed teacher trial) -> None: runs the objective on it and tells the study.
@@ -117,7 +109,7 @@ def _ensure_trained(
             attrs = latest.user_attrs
             reason = (
                 attrs.get(FAIL_REASON_ATTR)
-                or attrs.get(budget.SKIPPED_ATTR)
+                or attrs.get(SKIPPED_ATTR)
                 or (f"its worker died {max_retry + 1} times" if died(latest) else latest.state.name)
             )
             raise StudyStopped(

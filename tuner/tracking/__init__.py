@@ -4,12 +4,9 @@ point."""
 from __future__ import annotations
 
 from tuner.tracking.retrain import override_keys, retrain_command, retrain_overrides
-from tuner.tracking.runs import MODEL_ABSENT_TAG, MODEL_ERROR_TAG, MODEL_URI_TAG, Tracker
+from tuner.tracking.runs import Tracker
 
 __all__ = [
-    "MODEL_ABSENT_TAG",
-    "MODEL_ERROR_TAG",
-    "MODEL_URI_TAG",
     "Tracker",
     "override_keys",
     "retrain_command",

@@ -30,6 +30,7 @@ from tuner.front import (
     profiled_front,
 )
 from tuner.insight import GraphDump, OpProfile
+from tuner.keys import MODEL_ABSENT_TAG, MODEL_ERROR_TAG, MODEL_URI_TAG, ROLE_TAG, TRAINED_IN_TAG
 from tuner.latency import LatencyResult
 from tuner.secrets import mask_urls_in
 from tuner.store import RetryingProxy
@@ -37,10 +38,6 @@ from tuner.training import EpochResult
 
 # MLflow caps a param value at 6000 characters.
 _PARAM_LIMIT = 6000
-# Run tags: where a point's logged model is, and why a point on the front has none.
-MODEL_URI_TAG = "tuner.model_uri"
-MODEL_ABSENT_TAG = "tuner.model_absent"
-MODEL_ERROR_TAG = "tuner.model_error"
 JOINED_LATER = (
     "joined the front after it was made (a later measurement session raised another point's "
     "latency); retrain it with its tuner.retrain command to deploy it"
@@ -98,7 +95,7 @@ class Tracker:
         run = self.client.create_run(
             self.experiment_id,
             run_name=f"{study_name} {socket.gethostname()}",
-            tags={"optuna.study": study_name, "tuner.role": "study"},
+            tags={"optuna.study": study_name, ROLE_TAG: "study"},
         )
         run_id = run.info.run_id
         self.client.log_batch(run_id, params=_params(params))
@@ -124,8 +121,8 @@ class Tracker:
             "mlflow.parentRunId": parent_id,
             "optuna.study": study_name,
             "pareto": "false",
-            "tuner.role": "trial",
-            "tuner.trained_in_trial": str(trained_in_trial),
+            ROLE_TAG: "trial",
+            TRAINED_IN_TAG: str(trained_in_trial),
         }
         if trial_number is not None:
             tags["optuna.trial_number"] = str(trial_number)

@@ -9,8 +9,6 @@ from tuner.trial.objective import Objective
 from tuner.trial.teacher import (
     KEY,
     START_POINTS,
-    STORED_ATTR,
-    TRIAL_ATTR,
     TeacherMissing,
     Teachers,
     TeacherUnreachable,
@@ -23,9 +21,7 @@ __all__ = [
     "ModelFactory",
     "Objective",
     "START_POINTS",
-    "STORED_ATTR",
     "ServingContext",
-    "TRIAL_ATTR",
     "TeacherMissing",
     "TeacherUnreachable",
     "Teachers",

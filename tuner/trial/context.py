@@ -17,9 +17,10 @@ from tuner.config import SearchSpace
 from tuner.data import Encoded, ExampleInputs
 from tuner.front import Constraints, PruningSettings
 from tuner.insight import MachinePeak
+from tuner.keys import BACKEND_KEY
 from tuner.latency import LatencyProtocol, objective_name
 from tuner.modalities import Modality
-from tuner.store import BACKEND_KEY, LatencyTable, Leases, current_split
+from tuner.store import LatencyTable, Leases, current_split
 from tuner.tracking import Tracker
 from tuner.trial.model_factory import ModelFactory
 from tuner.trial.teacher import Teachers

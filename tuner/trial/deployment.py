@@ -14,8 +14,9 @@ from optuna.distributions import CategoricalDistribution
 
 from tuner.deploy import BackendFailed, BackendResult, deploy_on
 from tuner.interrupts import raise_if_interrupted
+from tuner.keys import BACKEND_KEY
 from tuner.models import ModelRecipe
-from tuner.store import BACKEND_KEY, trial_id_of
+from tuner.store import trial_id_of
 from tuner.trial import latency as trial_latency
 from tuner.trial import messages
 from tuner.trial import points as trial_points

@@ -17,16 +17,9 @@ from torch import nn
 
 from tuner import console
 from tuner.deploy import Reference
-from tuner.front import (
-    CURVE_ATTR,
-    EAGER_ACCURACY_ATTR,
-    Baseline,
-    NotWorthTraining,
-    baseline_of,
-    points_of,
-    stop_reason,
-)
+from tuner.front import Baseline, NotWorthTraining, baseline_of, points_of, stop_reason
 from tuner.interrupts import raise_if_interrupted
+from tuner.keys import CURVE_ATTR, EAGER_ACCURACY_ATTR, START_FROM_TAG, TEACHER_TAG
 from tuner.latency import flops_per_call
 from tuner.models import ModelRecipe
 from tuner.store import digest_of
@@ -174,7 +167,7 @@ def _distillation(
     distillation = ctx.teachers.distillation(cfg.train, ctx.train_data, attrs)
     ctx.tracker.set_tags(
         run_id,
-        {"tuner.teacher": str(teacher_pins[TEACHER_KEY]), "tuner.start_from": start_from},
+        {TEACHER_TAG: str(teacher_pins[TEACHER_KEY]), START_FROM_TAG: start_from},
     )
     return distillation, teacher_pins
 

@@ -33,32 +33,28 @@ from torch import nn
 
 from tuner.config import fits, with_params
 from tuner.deploy import BackendFailed
-from tuner.front import (
-    PRUNED_ATTR,
-    SAMPLER_VIEW_ATTR,
-    NotWorthTraining,
-    baseline_of,
-    over_budget_reason,
-)
+from tuner.front import NotWorthTraining, baseline_of, over_budget_reason
 from tuner.interrupts import deferred, immediate, raise_if_interrupted
-from tuner.store import (
+from tuner.keys import (
+    ARCHITECTURE_ATTR,
     BACKEND_KEY,
+    CONFIGURATION_ATTR,
     FAIL_REASON_ATTR,
+    PRUNED_ATTR,
+    PRUNED_TAG,
     RUN_ID_ATTR,
+    SAMPLER_VIEW_ATTR,
+    SKIPPED_ATTR,
     TEACHER_OF_ATTR,
     TRAINED_IN_ATTR,
-    budget,
-    requeue,
-    structure_of,
-    trial_id_of,
 )
+from tuner.store import budget, requeue, structure_of, trial_id_of
 from tuner.trial import latency as trial_latency
 from tuner.trial import messages
 from tuner.trial.context import TrialContext
 from tuner.trial.deployment import deploy_everywhere, record_points
 from tuner.trial.latency import LatencyKeys
 from tuner.trial.model_training import starting_model, stored_teacher_to_load, train_once
-from tuner.trial.points import ARCHITECTURE_ATTR, CONFIGURATION_ATTR
 from tuner.trial.teacher import teacher_of
 
 _SUGGEST = {
@@ -88,7 +84,7 @@ class Objective:
         done = budget.trained(ctx.study_trials(), before=trial.number)
         if done >= ctx.n_trials:
             # Another worker took the last configuration between this one's check and its ask.
-            trial.set_user_attr(budget.SKIPPED_ATTR, f"study.n_trials={ctx.n_trials} reached")
+            trial.set_user_attr(SKIPPED_ATTR, f"study.n_trials={ctx.n_trials} reached")
             trial.study.stop()
             raise optuna.TrialPruned(f"study.n_trials={ctx.n_trials} already reached")
         # Set first, so that other workers count this trial from now on.
@@ -267,7 +263,7 @@ class Objective:
         view = pruned.sampler_view(ctx.constraints, baseline_of(ctx.split_trials()))
         trial.set_user_attr(SAMPLER_VIEW_ATTR, view)
         trial.set_user_attr(PRUNED_ATTR, reason)
-        ctx.tracker.set_tags(run_id, {"tuner.pruned": "true"})
+        ctx.tracker.set_tags(run_id, {PRUNED_TAG: "true"})
         ctx.tracker.close(run_id, "KILLED", reason)
         messages.trial_pruned(trial.number, reason)
 

@@ -21,38 +21,33 @@ from tuner.deploy import (
     deploy_config,
     log_point_model,
 )
-from tuner.front import (
-    EAGER_ACCURACY_ATTR,
-    REFERENCE_ATTR,
-    Baseline,
-    hypervolume,
-    pareto_mask,
-    points_of,
-    reference_point,
-)
-from tuner.insight import INSIGHT_ATTR, PointInsight, peak_key
-from tuner.store import (
+from tuner.front import Baseline, hypervolume, pareto_mask, points_of, reference_point
+from tuner.insight import PointInsight, peak_key
+from tuner.keys import (
+    ARCHITECTURE_ATTR,
     BACKEND_KEY,
+    CONFIGURATION_ATTR,
     DATA_SETTINGS_ATTR,
+    EAGER_ACCURACY_ATTR,
     FAIL_REASON_ATTR,
     FAILED_BACKEND_ATTR,
+    INSIGHT_ATTR,
     LATENCY_KEY_ATTR,
+    MODEL_ERROR_TAG,
     MODEL_URI_ATTR,
+    MODEL_URI_TAG,
+    REFERENCE_ATTR,
+    RETRAIN_TAG,
     RUN_ID_ATTR,
+    TEACHER_LOADED_TAG,
     TEACHER_OF_ATTR,
     TRAINED_IN_ATTR,
-    data_fingerprint,
-    settings_of,
 )
-from tuner.tracking import MODEL_ERROR_TAG, MODEL_URI_TAG, retrain_command, retrain_overrides
+from tuner.store import data_fingerprint, settings_of
+from tuner.tracking import retrain_command, retrain_overrides
 from tuner.training import TrainResult
 from tuner.trial import messages
 from tuner.trial.context import TrialContext
-
-# Optuna user attribute: what the trial's relative edits stand for (`model.ffn_width`: 1024).
-ARCHITECTURE_ATTR = "architecture"
-# Optuna user attribute of every point: the configuration it belongs to (`budget.configuration_of`).
-CONFIGURATION_ATTR = "configuration"
 
 
 @dataclass(frozen=True)
@@ -167,9 +162,9 @@ def record(
         f"{trained.trained_in}-{result.backend}",
         ctx.serving.profile_keys,
     )
-    ctx.tracker.set_tags(run_id, {"tuner.retrain": retrain_command(overrides)})
+    ctx.tracker.set_tags(run_id, {RETRAIN_TAG: retrain_command(overrides)})
     if trained.loaded_from is not None:
-        ctx.tracker.set_tags(run_id, {"tuner.teacher_loaded": trained.loaded_from})
+        ctx.tracker.set_tags(run_id, {TEACHER_LOADED_TAG: trained.loaded_from})
     set_attr(CONFIGURATION_ATTR, trained.configuration)
     # The data settings it was trained and validated on, so that a later change of them leaves
     # this point out of a front measured on another split.

@@ -32,8 +32,8 @@ from torch import nn
 from tuner.data import Encoded
 from tuner.deploy import load_weights, read_recipe, save_weights
 from tuner.errors import ConfigError, StudyStopped
+from tuner.keys import RETRY_HISTORY, STORED_ATTR, TRIAL_ATTR
 from tuner.models import MODEL_FAMILIES, ModelRecipe
-from tuner.store import RETRY_HISTORY
 from tuner.training import Distillation, TrainResult
 
 KEY = "train.distill.teacher"
@@ -42,10 +42,6 @@ START_KEY = "train.distill.start_from"
 TEMPERATURE_KEY = "train.distill.temperature"
 # The weights a student starts from (`train.distill.start_from`).
 START_POINTS = ("pretrained", "teacher")
-# Study user attribute: teacher reference (`auto`, a trial number) -> where it is stored.
-STORED_ATTR = "teachers"
-# System attribute of a teacher trial: the reference it trains and the params it trains with.
-TRIAL_ATTR = "tuner:teacher"
 ARTIFACT_DIR = "teacher"
 _WEIGHTS = "teacher.safetensors"
 _LABELS = "labels.json"

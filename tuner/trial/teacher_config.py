@@ -17,8 +17,8 @@ from optuna.trial import FrozenTrial, TrialState
 
 from tuner.config import SearchSpace
 from tuner.errors import ConfigError
+from tuner.keys import BACKEND_KEY
 from tuner.models import MODEL_FAMILIES
-from tuner.store import BACKEND_KEY
 from tuner.trial.students import (
     check_start_from,
     distilling,
