@@ -1,6 +1,8 @@
 from __future__ import annotations
 
+import importlib.util
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Mapping
@@ -40,14 +42,73 @@ def listed_backends(*overrides: str) -> list[str]:
     return list(listed.choices) if hasattr(listed, "choices") else [listed]
 
 
-def runnable_backends(*overrides: str) -> list[str]:
-    """The backends a composed experiment lists that this machine runs, by the registry's own
-    availability checks: what a study on this machine deploys every trained model on."""
-    from tuner.deploy.backends import unavailable_backends
+def cpu_flags() -> set[str]:
+    """This CPU's instruction-set flags as /proc/cpuinfo lists them (`flags` on x86,
+    `Features` on Arm), read here, not through tuner."""
+    cpuinfo = Path("/proc/cpuinfo")
+    for line in cpuinfo.read_text().splitlines() if cpuinfo.is_file() else []:
+        if line.startswith(("flags", "Features")):
+            return set(line.split(":", 1)[1].split())
+    return set()
 
-    listed = listed_backends(*overrides)
-    left_out = unavailable_backends(listed)
-    return [name for name in listed if name not in left_out]
+
+# oneDNN's ISA names below AVX512_CORE_BF16, its first with bf16 kernels: capped at one of them
+# (ONEDNN_MAX_CPU_ISA, or its old name DNNL_MAX_CPU_ISA), PyTorch computes bf16 emulated.
+_BELOW_ONEDNN_BF16 = {
+    "SSE41",
+    "AVX",
+    "AVX2",
+    "AVX2_VNNI",
+    "AVX2_VNNI_2",
+    "AVX512_CORE",
+    "AVX512_CORE_VNNI",
+}
+
+
+def _native_bf16() -> bool:
+    """bf16 instructions (AVX-512 BF16 or AMX on x86, BF16 on Arm) that oneDNN may use."""
+    cap = os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or ""
+    native = cpu_flags() & {"avx512_bf16", "amx_bf16", "bf16"}
+    return bool(native) and cap.strip().upper() not in _BELOW_ONEDNN_BF16
+
+
+def _installed(*packages: str) -> bool:
+    return all(importlib.util.find_spec(package) is not None for package in packages)
+
+
+def _cpp_compiler() -> bool:
+    return any(shutil.which(compiler) for compiler in ("c++", "g++", "clang++"))
+
+
+def machine_runs(backend: str) -> bool:
+    """Whether this machine has what `backend` needs, worked out here from what the machine
+    shows (CPU flags, installed packages, compilers on PATH, the GPUs PyTorch sees), not
+    through the backends' own availability checks: bf16 needs native bf16 instructions;
+    torch.compile a C++ compiler for Inductor; PyTorch's int8 a quantized engine; the ONNX
+    Runtime backends the onnx and onnxruntime packages; the cuda_* ones a CUDA GPU (bf16
+    support for cuda_bf16, triton for cuda_compile). The rest run on any CPU."""
+    if backend.startswith("cuda_"):
+        if not torch.cuda.is_available():
+            return False
+        if backend == "cuda_bf16":
+            return torch.cuda.is_bf16_supported()
+        return backend != "cuda_compile" or _installed("triton")
+    if backend.startswith("onnxruntime"):
+        return _installed("onnx", "onnxruntime")
+    if backend in ("int8_dynamic", "int8_static"):
+        engines = {"x86", "fbgemm", "onednn", "qnnpack"}
+        return bool(engines & set(torch.backends.quantized.supported_engines))
+    if backend.startswith("compile") and not _cpp_compiler():
+        return False
+    if backend.endswith("bf16"):  # bf16, compile_frozen_bf16
+        return _native_bf16()
+    return True
+
+
+def runnable_backends(*overrides: str) -> list[str]:
+    """The backends a composed experiment lists that this machine runs (`machine_runs`): what a
+    study on this machine deploys every trained model on."""
+    return [name for name in listed_backends(*overrides) if machine_runs(name)]
 
 
 # A 2-layer BERT 32 wide with MiniLM's FFN width (1536) and 100 token ids (its tokenizer spells
@@ -158,24 +219,29 @@ def stored_sessions(user_attrs: Mapping[str, Any]) -> dict[str, list[list[list[f
     return {digest: [rounds for _, rounds in sorted(s)] for digest, s in found.items()}
 
 
-def pooled_sessions(user_attrs: Mapping[str, Any]) -> dict[str, list[list[list[float]]]]:
-    """Latency key digest -> the rounds of the sessions its latency pools, in time order,
-    worked out from the stored sessions: those not marked unsteady (`"steady": false`) once
-    they hold at least as many rounds as any that is; until then, every session."""
-    found: dict[str, list[tuple[str, bool, list[list[float]]]]] = {}
+def counting_sessions(user_attrs: Mapping[str, Any]) -> dict[str, list[list[list[float]]]]:
+    """Latency key digest -> the rounds of its sessions not marked unsteady (`"steady": false`),
+    in time order, read straight from a study's user attributes."""
+    found: dict[str, list[tuple[str, list[list[float]]]]] = {}
     for name, session in user_attrs.items():
-        if name.startswith("latency:"):
-            unsteady = session.get("steady") is False
-            found.setdefault(name.split(":")[1], []).append(
-                (session["at"], unsteady, session["rounds"])
-            )
+        if name.startswith("latency:") and session.get("steady") is not False:
+            found.setdefault(name.split(":")[1], []).append((session["at"], session["rounds"]))
+    return {digest: [rounds for _, rounds in sorted(s)] for digest, s in found.items()}
+
+
+def pooled_sessions(user_attrs: Mapping[str, Any]) -> dict[str, list[list[list[float]]]]:
+    """Latency key digest -> the rounds of the sessions its latency pools, in time order: which
+    sessions is the table's own rule (`LatencyTable.pooled`, checked on hand-made tables in
+    test_latency_table.py). Checked here to be one of the two sets it may be: every stored
+    session, or those not marked unsteady (`stored_sessions`, `counting_sessions`)."""
+    from tuner.store.latency_table import LatencyTable
+
+    table = LatencyTable.of_attrs(user_attrs)
+    stored, counting = stored_sessions(user_attrs), counting_sessions(user_attrs)
     pooled = {}
-    for digest, sessions in found.items():
-        in_order = sorted(sessions)
-        steady = [rounds for _, unsteady, rounds in in_order if not unsteady]
-        unsteady_sizes = [len(rounds) for _, unsteady, rounds in in_order if unsteady]
-        outweighed = sum(len(rounds) for rounds in steady) >= max(unsteady_sizes, default=0)
-        pooled[digest] = steady if outweighed else [rounds for _, _, rounds in in_order]
+    for digest in table.sessions:
+        pooled[digest] = [session.rounds for session in table.pooled(digest)]
+        assert pooled[digest] in (stored[digest], counting.get(digest)), digest
     return pooled
 
 

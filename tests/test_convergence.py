@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import sys
+from datetime import datetime
+
 import optuna
 import pytest
 from omegaconf import OmegaConf
 
 from tuner.front.constraints import Constraints
 from tuner.front.convergence import convergence
-from tuner.front.pareto import hypervolume
 from tuner.front.points import study_points
 from tuner.keys import REFERENCE_ATTR
 
@@ -32,13 +34,18 @@ def test_reference_is_fixed_by_the_first_points_and_kept():
     first = convergence(study, FIXED_LATENCY, study_points(study))
     assert first.reference == (0.5, 20.0)  # twice the slowest point so far
     assert study.user_attrs[REFERENCE_ATTR] == [0.5, 20.0]
-    assert first.hypervolume == pytest.approx(hypervolume([(0.8, 10.0), (0.7, 5.0)], (0.5, 20.0)))
-    # A slower point later does not move the reference: the curve stays comparable.
+    # The staircase down to (0.5, 20): from 5 to 10 ms only the 0.7 point counts (height
+    # 0.7 - 0.5), from 10 to 20 ms the 0.8 one (height 0.3): 5 x 0.2 + 10 x 0.3.
+    assert first.hypervolume == pytest.approx(1.0 + 3.0)
+    # A slower point later does not move the reference: the curve stays comparable. At 50 ms it
+    # lies beyond the reference's 20 ms, so it adds nothing.
     study.add_trial(
         optuna.trial.create_trial(values=[0.9, 50.0], user_attrs={"reference_accuracy": 0.9})
     )
     later = convergence(study, FIXED_LATENCY, study_points(study))
-    assert later.reference == (0.5, 20.0) and later.hypervolume == first.hypervolume
+    assert later.reference == (0.5, 20.0) and later.hypervolume == pytest.approx(4.0)
+    # Nor does it push either earlier point off the front: three points, all on it.
+    assert later.front_size == 3
 
 
 def test_infeasible_points_add_no_hypervolume():
@@ -50,9 +57,29 @@ def test_infeasible_points_add_no_hypervolume():
         study, OmegaConf.create({"val_accuracy": 0.0, "latency_ms_p50": 30.0}), points
     )
     assert progress.hypervolume == pytest.approx((30.0 - 10.0) * 0.80)
-    metrics = progress.metrics()
-    assert metrics["hypervolume"] == progress.hypervolume and metrics["pareto_points"] == 1.0
-    assert metrics["search_seconds"] >= 0.0
+    assert progress.metrics() == {
+        "hypervolume": pytest.approx(16.0),
+        "pareto_points": 1.0,
+        "search_seconds": 0.0,  # no start given
+    }
+
+
+class _Clock(datetime):
+    """`datetime` whose `now()` is a fixed moment."""
+
+    @classmethod
+    def now(cls, tz=None):
+        return cls(2024, 5, 1, 12, 1, 30)
+
+
+def test_search_seconds_count_from_the_first_trial_s_start(monkeypatch):
+    # The module by its name: `tuner.front.convergence` is also the function it exports.
+    monkeypatch.setattr(sys.modules["tuner.front.convergence"], "datetime", _Clock)
+    study = _study([(0.80, 10.0, 0.80)])
+    started = datetime(2024, 5, 1, 11, 59, 0)  # 2 min 30 s before the clock's now
+    progress = convergence(study, FIXED_LATENCY, study_points(study), started)
+    assert progress.search_seconds == 150.0
+    assert progress.metrics()["search_seconds"] == 150.0
 
 
 def test_no_points_no_reference():

@@ -8,11 +8,13 @@ from pathlib import Path
 
 import optuna
 import pytest
+from conftest import machine_runs
 from omegaconf import OmegaConf
 from optuna.distributions import CategoricalDistribution
 
 from tuner.config.compose import compose_config, resolve
 from tuner.config.space import SearchSpace
+from tuner.deploy.backends import BACKENDS, unavailable_backends
 from tuner.deploy.backends.support.onnx_export import int8_options
 from tuner.errors import ConfigError
 from tuner.latency.machine import isa_flags, native_bf16_unavailable, onednn_isa_cap
@@ -154,3 +156,26 @@ def test_an_unknown_cpu_is_treated_as_the_lowest_common_denominator(monkeypatch,
     assert runnable == ["eager"] and "bf16" in left_out
     out = capsys.readouterr().out
     assert "could not be read" in out and "lowest common denominator" in out
+
+
+@pytest.mark.parametrize(
+    "environment",
+    [
+        {},
+        # oneDNN capped below its bf16 kernels: bf16 is emulated, whatever the CPU.
+        {"ONEDNN_MAX_CPU_ISA": "AVX2"},
+        # No C++ compiler on PATH: Inductor cannot build torch.compile's kernels.
+        {"PATH": "/nonexistent"},
+    ],
+)
+def test_the_registry_leaves_out_the_backends_this_machine_lacks_what_they_need(
+    environment, monkeypatch
+):
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    names = BACKENDS.names()
+    left_out = unavailable_backends(names)
+    # What each backend needs, worked out in the tests from the CPU flags, packages,
+    # compilers and GPUs this machine shows (`conftest.machine_runs`).
+    assert sorted(left_out) == sorted(name for name in names if not machine_runs(name))
+    assert all(left_out.values())  # each with its reason

@@ -1,5 +1,10 @@
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
+import matplotlib.image
+import numpy as np
 import optuna
 import pytest
 from optuna.distributions import CategoricalDistribution
@@ -127,6 +132,35 @@ def test_table_and_plot(tmp_path):
     ]
     plot_front_png(points, "front", tmp_path / "front.png")
     assert (tmp_path / "front.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    pixels = _pixels(tmp_path / "front.png")
+    # 8 x 5 inches at 120 dpi.
+    assert pixels.shape[:2] == (600, 960)
+    # tab10's first two colours, by backend name: eager blue, int8_dynamic orange. The legend
+    # (lower right) shows both; the front points, drawn at full strength, show them elsewhere:
+    # #3 (6 ms, the fastest) in the left third, #2 (0.84, the most accurate) in the top quarter.
+    eager, int8 = _where(pixels, "#1f77b4"), _where(pixels, "#ff7f0e")
+    assert (int8[1] < 960 // 3).any() and not (eager[1] < 960 // 3).any()
+    assert (eager[0] < 600 // 4).any() and not (int8[0] < 600 // 4).any()
+
+
+def _pixels(path: Path) -> np.ndarray:
+    """A PNG's pixels as 0-255 RGB values, rows first."""
+    return (matplotlib.image.imread(path)[..., :3] * 255).round().astype(int)
+
+
+def _where(pixels: np.ndarray, colour: str) -> tuple[np.ndarray, np.ndarray]:
+    """The rows and columns of the pixels of exactly `colour` (`#rrggbb`)."""
+    rgb = [int(colour[i : i + 2], 16) for i in (1, 3, 5)]
+    return np.nonzero((pixels == rgb).all(axis=-1))
+
+
+def _figure(page: str) -> tuple[list[dict], dict]:
+    """The traces and layout a plotly page draws, read from its `Plotly.newPlot` call."""
+    call = page.index("Plotly.newPlot(")
+    decoder = json.JSONDecoder()
+    traces, end = decoder.raw_decode(page, page.index("[", call))
+    layout, _ = decoder.raw_decode(page, page.index("{", end))
+    return traces, layout
 
 
 def test_interactive_plot_shows_every_point_with_its_status(tmp_path):
@@ -135,10 +169,41 @@ def test_interactive_plot_shows_every_point_with_its_status(tmp_path):
     page = (tmp_path / "front.html").read_text()
     # Self-contained: plotly.js is inlined, nothing is fetched from a CDN.
     assert '<script src="http' not in page and "Plotly.newPlot" in page
-    for number, status in enumerate(["infeasible", "infeasible", "pareto", "pareto"]):
-        assert f"trial {number} ({status})" in page
-    assert '"name":"eager"' in page and '"name":"int8_dynamic"' in page
-    assert '"name":"Pareto front"' in page
+    traces, layout = _figure(page)
+    # Per backend a legend entry and its points; then the front's staircase.
+    assert [(t["name"], t["mode"]) for t in traces] == [
+        ("eager", "markers"),
+        ("eager", "markers"),
+        ("int8_dynamic", "markers"),
+        ("int8_dynamic", "markers"),
+        ("Pareto front", "lines"),
+    ]
+    legend_eager, eager, legend_int8, int8, front = traces
+    assert legend_eager["marker"]["color"] == eager["marker"]["color"] == "#1f77b4"
+    assert legend_int8["marker"]["color"] == int8["marker"]["color"] == "#ff7f0e"
+    # Each point where POINTS puts it: eager #0 and #2, int8_dynamic #1 and #3.
+    assert (eager["x"], eager["y"]) == ([20.0, 22.0], [0.80, 0.84])
+    assert (int8["x"], int8["y"]) == ([5.0, 6.0], [0.79, 0.81])
+    # Within 0.035 of 0.84, #0 and #1 are infeasible: faded crosses; #2 and #3 the front.
+    for trace in (eager, int8):
+        assert trace["marker"]["symbol"] == ["x", "circle"]
+        assert trace["marker"]["opacity"] == [0.3, 1.0]
+    hover = [line.split("<br>") for line in eager["hovertext"] + int8["hovertext"]]
+    assert [lines[:4] for lines in hover] == [
+        ["trial 0 (infeasible)", "backend eager", "val_accuracy 0.8000", _latency(20.0)],
+        ["trial 2 (pareto)", "backend eager", "val_accuracy 0.8400", _latency(22.0)],
+        ["trial 1 (infeasible)", "backend int8_dynamic", "val_accuracy 0.7900", _latency(5.0)],
+        ["trial 3 (pareto)", "backend int8_dynamic", "val_accuracy 0.8100", _latency(6.0)],
+    ]
+    # The staircase joins the front, fastest first.
+    assert (front["x"], front["y"], front["line"]["shape"]) == ([6.0, 22.0], [0.81, 0.84], "hv")
+    assert layout["title"]["text"] == "front"
+    assert layout["xaxis"]["title"]["text"] == "latency p50 (ms)"
+
+
+def _latency(p50: float) -> str:
+    """A point's hover line for its latency; `_study` makes p95 1.2 times p50."""
+    return f"latency p50 {p50:.2f} ms, p95 {1.2 * p50:.2f} ms"
 
 
 def test_empty_study_has_an_empty_front(tmp_path):
@@ -146,6 +211,13 @@ def test_empty_study_has_an_empty_front(tmp_path):
     assert points == [] and front_table(points).empty
     plot_front_png(points, "front", tmp_path / "front.png")
     plot_front_html(points, "front", tmp_path / "front.html")
+    # Axes and title on a page of the same size, and no point of any backend's colour.
+    pixels = _pixels(tmp_path / "front.png")
+    assert pixels.shape[:2] == (600, 960) and (pixels != 255).any()
+    assert all(_where(pixels, colour)[0].size == 0 for colour in ("#1f77b4", "#ff7f0e"))
+    traces, layout = _figure((tmp_path / "front.html").read_text())
+    assert [(t["name"], t["x"], t["y"]) for t in traces] == [("Pareto front", [], [])]
+    assert layout["title"]["text"] == "front"
 
 
 def test_front_is_read_against_the_eager_point_of_the_baseline_model():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -301,64 +302,143 @@ def test_a_stored_key_is_measured_alike_under_the_same_deploy_settings_and_machi
 
 
 _WRITER = """
-import sys, optuna
+import sys, time, optuna
+from pathlib import Path
 from omegaconf import OmegaConf
 from tuner.store import latency_key, record_session
 storage = optuna.storages.RDBStorage(sys.argv[1])
 study_id = storage.get_study_id_from_name("s")
 key = latency_key(OmegaConf.create({"family": "timm"}), [], "eager", OmegaConf.create({}), {})
-for value in sys.argv[2:]:
+barrier, me, other = Path(sys.argv[2]), sys.argv[3], sys.argv[4]
+values = sys.argv[5:]
+# Ready, then blocked until the test lets both writers go at once.
+(barrier / f"ready-{me}").write_text(me)
+while not (barrier / "go").exists():
+    time.sleep(0.001)
+record_session(storage, study_id, key, [[float(values[0])]])
+(barrier / f"wrote-{me}").touch()
+# The rest only once the other writer has written too: their sessions interleave.
+while not (barrier / f"wrote-{other}").exists():
+    time.sleep(0.001)
+for value in values[1:]:
     record_session(storage, study_id, key, [[float(value)]])
 """
+
+
+def _wait_for(
+    *paths, process: subprocess.Popen | None = None, what: str, any_of: bool = False
+) -> None:
+    """Until every one of `paths` (or, `any_of`, one) exists and has been written; fails if
+    `process` ends first, or after 120 s."""
+    deadline = time.monotonic() + 120
+    written = any if any_of else all
+    while not written(path.exists() and path.stat().st_size for path in paths):
+        assert process is None or process.poll() is None, f"the worker ended before {what}"
+        assert time.monotonic() < deadline, f"never {what}"
+        time.sleep(0.01)
 
 
 def test_two_processes_on_one_storage_share_the_table_and_lose_no_session(tmp_path):
     url = f"sqlite:///{tmp_path / 'shared.db'}"
     storage, study_id = _storage(tmp_path / "shared.db")
-    workers = [
-        subprocess.Popen([sys.executable, "-c", _WRITER, url, *values])
-        for values in (["1", "2", "3"], ["7", "8", "9"])
-    ]
-    assert all(worker.wait(timeout=120) == 0 for worker in workers)
+    writes = {"a": [str(v) for v in range(1, 11)], "b": [str(v) for v in range(11, 21)]}
+    workers = {
+        me: subprocess.Popen(
+            [sys.executable, "-c", _WRITER, url, str(tmp_path), me, other, *writes[me]]
+        )
+        for me, other in (("a", "b"), ("b", "a"))
+    }
+    # Both started (their imports and connections done) and blocked: released together.
+    _wait_for(tmp_path / "ready-a", tmp_path / "ready-b", what="both writers were ready")
+    (tmp_path / "go").touch()
+    assert [worker.wait(timeout=120) for worker in workers.values()] == [0, 0]
     key = latency_key(OmegaConf.create({"family": "timm"}), [], "eager", OmegaConf.create({}), {})
     table = LatencyTable.of_study(storage, study_id)
-    # Six one-call rounds from two writers: none overwrote another's session.
-    assert sorted(r[0] for r in table.rounds[digest_of(key)]) == [1, 2, 3, 7, 8, 9]
-    assert table.result(digest_of(key)).p50_ms == 5.0
+    # Twenty one-call rounds from two writers: none overwrote another's session.
+    assert sorted(r[0] for r in table.rounds[digest_of(key)]) == list(range(1, 21))
+    assert table.result(digest_of(key)).p50_ms == 10.5
+    assert table.session_count(digest_of(key)) == 20
+    # And they wrote at the same time: in time order, the writers' sessions interleave.
+    sessions = [s for n, s in storage.get_study_user_attrs(study_id).items() if "latency:" in n]
+    writer = {str(worker.pid): me for me, worker in workers.items()}
+    by_time = sorted(sessions, key=lambda s: s["at"])
+    order = "".join(writer[s["worker"].rsplit(":", 1)[1]] for s in by_time)
+    assert sorted(order[:2]) == ["a", "b"] and order.count("a") == order.count("b") == 10
 
 
-_DIES_MID_MEASUREMENT = """
-import sys, time, optuna
+_DIES_WRITING = """
+import os, sys, time, optuna, sqlalchemy
 from pathlib import Path
 from omegaconf import OmegaConf
-from tuner.data import ExampleInputs
-from tuner.latency import LatencyProtocol, time_rounds
 from tuner.store import latency_key, record_session
-storage = optuna.storages.RDBStorage(sys.argv[1])
-study_id = storage.get_study_id_from_name("s")
-calls = []
-def model(*_):
-    calls.append(1)
-    if len(calls) == 3:  # the third round, one call each
-        Path(sys.argv[2]).touch()
-        time.sleep(60)
-protocol = LatencyProtocol(1, 16, 1, warmup=0, repeats=4, rounds=4, max_rounds=4)
-rounds = time_rounds({"eager": model}, ExampleInputs((), (), {}), protocol).rounds
 key = latency_key(OmegaConf.create({"family": "timm"}), [], "eager", OmegaConf.create({}), {})
-record_session(storage, study_id, key, rounds["eager"])
+
+
+def write(url, marker, kill_at):
+    storage = optuna.storages.RDBStorage(url)
+    study_id = storage.get_study_id_from_name("s")
+    commits = []
+
+    def before_commit(conn):
+        # The KILL_AT-th commit of the write: its statements ran, it is not yet committed.
+        commits.append(conn)
+        if len(commits) == kill_at:
+            marker.write_text(str(os.getpid()))
+            time.sleep(60)
+
+    sqlalchemy.event.listen(storage.engine, "commit", before_commit)
+    record_session(storage, study_id, key, [[1.0, 1.5], [2.0, 2.5], [3.0, 3.5], [4.0, 4.5]])
+
+
+# One writer process per kill point, forked once this one has imported everything.
+writers = {}
+for kill_at, url in enumerate(sys.argv[2:], start=1):
+    pid = os.fork()
+    if pid == 0:
+        write(url, Path(sys.argv[1]) / f"writing-{kill_at}", kill_at)
+        (Path(sys.argv[1]) / f"done-{kill_at}").write_text("done")
+        os._exit(0)
+    writers[kill_at] = pid
+for kill_at, pid in writers.items():
+    print(kill_at, os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), flush=True)
 """
 
 
-def test_a_worker_killed_mid_measurement_leaves_nothing_half_done(tmp_path):
-    url = f"sqlite:///{tmp_path / 'killed.db'}"
-    storage, study_id = _storage(tmp_path / "killed.db")
-    marker = tmp_path / "measuring"
-    worker = subprocess.Popen([sys.executable, "-c", _DIES_MID_MEASUREMENT, url, str(marker)])
-    deadline = time.monotonic() + 120
-    while not marker.exists():
-        assert worker.poll() is None and time.monotonic() < deadline, "the worker never measured"
-        time.sleep(0.1)
-    worker.send_signal(signal.SIGKILL)
-    worker.wait(timeout=30)
-    # Two rounds were timed before the kill; none of them is in the table.
-    assert LatencyTable.of_study(storage, study_id).rounds == {}
+def test_a_worker_killed_while_writing_its_session_leaves_nothing_half_done(tmp_path):
+    # A writer killed as each commit of `record_session` is about to land (the key it stands
+    # for, then the session), and one left alone past the last: each on a storage of its own.
+    stores = {kill_at: _storage(tmp_path / f"{kill_at}.db") for kill_at in (1, 2, 3)}
+    urls = [f"sqlite:///{tmp_path / f'{kill_at}.db'}" for kill_at in stores]
+    worker = subprocess.Popen(
+        [sys.executable, "-c", _DIES_WRITING, str(tmp_path), *urls],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    killed = {}
+    for kill_at in stores:
+        marker, done = tmp_path / f"writing-{kill_at}", tmp_path / f"done-{kill_at}"
+        _wait_for(marker, done, process=worker, what=f"writer {kill_at} ended", any_of=True)
+        killed[kill_at] = marker.exists()
+        if killed[kill_at]:
+            os.kill(int(marker.read_text()), signal.SIGKILL)
+    out, _ = worker.communicate(timeout=120)
+    assert worker.returncode == 0
+    key = latency_key(OmegaConf.create({"family": "timm"}), [], "eager", OmegaConf.create({}), {})
+    whole = {digest_of(key): [[1.0, 1.5], [2.0, 2.5], [3.0, 3.5], [4.0, 4.5]]}
+    found = {}
+    for kill_at, (storage, study_id) in stores.items():
+        attrs = storage.get_study_user_attrs(study_id)
+        rounds = LatencyTable.of_attrs(attrs).rounds
+        # Wherever the kill landed, the session is all there or not there at all.
+        assert rounds in ({}, whole), f"killed at commit {kill_at}: {rounds}"
+        found[kill_at] = (stored_key(attrs, digest_of(key)) is not None, rounds)
+    # Two commits, killed in: the third writer found no third one and wrote through.
+    assert killed == {1: True, 2: True, 3: False}
+    assert out.splitlines() == [f"1 {-signal.SIGKILL}", f"2 {-signal.SIGKILL}", "3 0"]
+    # Killed before the first commit, nothing; before the second, the key is written and its
+    # session, inserted but not committed, is not.
+    assert found == {1: (False, {}), 2: (True, {}), 3: (True, whole)}
+    # A storage left by a kill in the write takes the next session as the key's only one.
+    storage, study_id = stores[2]
+    record_session(storage, study_id, key, [[3.0, 5.0]])
+    assert LatencyTable.of_study(storage, study_id).rounds == {digest_of(key): [[3.0, 5.0]]}

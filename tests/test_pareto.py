@@ -41,7 +41,8 @@ def test_hypervolume_of_hand_made_points():
 def test_hypervolume_ignores_dominated_duplicate_and_out_of_range_points():
     reference = (0.5, 40.0)
     front = [(0.8, 10.0), (0.9, 20.0)]
-    expected = hypervolume(front, reference)
+    # The two-step staircase alone: 10 x (0.8 - 0.5) + 20 x (0.9 - 0.5).
+    expected = 10 * 0.3 + 20 * 0.4
     extra = [
         (0.85, 25.0),  # dominated by (0.9, 20)
         (0.8, 10.0),  # duplicate of a front point
@@ -50,6 +51,7 @@ def test_hypervolume_ignores_dominated_duplicate_and_out_of_range_points():
         (0.95, 45.0),  # beyond the reference latency
         (0.5, 1.0),  # exactly at the reference accuracy: no height
     ]
+    assert hypervolume(front, reference) == pytest.approx(expected)
     assert hypervolume(front + extra, reference) == pytest.approx(expected)
     assert hypervolume([], reference) == 0.0
 

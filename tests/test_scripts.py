@@ -50,15 +50,70 @@ def bench_backends_tables(*args: str) -> tuple[list[list[str]], list[list[str]]]
     return table_cells(timed), table_cells(profiled)
 
 
+# The artifacts' sizes worked out by hand, in bytes, from the architectures' tensors.
+# MiniLM-L6-H384 (vocabulary 30522, 512 positions, 2 token types) with its FFNs cut to 512, its
+# (unused) pooler and a dense + out head for 2 labels:
+_MINILM_PARAMS = {
+    "embeddings": 30522 * 384 + 512 * 384 + 2 * 384 + 2 * 384,
+    # query, key, value, output; layer norm; FFN in and out; layer norm.
+    "6 layers": 6 * (4 * (384 * 384 + 384) + 768 + (384 * 512 + 512) + (512 * 384 + 384) + 768),
+    "pooler": 384 * 384 + 384,
+    "head": (384 * 384 + 384) + (384 * 2 + 2),
+}
+# The weights of its linear layers, which int8_dynamic keeps in one byte instead of four.
+_MINILM_LINEAR_WEIGHTS = 6 * (4 * 384 * 384 + 2 * 384 * 512) + 2 * 384 * 384 + 384 * 2
+# timm's ResNet-18 for 1-channel images at width 0.5 (stages of 32, 64, 128 and 256 channels,
+# the 7x7 stem keeping 64), 2 blocks a stage, 10 classes. A stage's convolutions: two 3x3 ones
+# in each block, the first taking the previous stage's channels, and a 1x1 downsample of them.
+_RESNET_CONVS = sum(
+    9 * c_in * c + 9 * c * c + c_in * c + 2 * 9 * c * c
+    for c_in, c in ((64, 32), (32, 64), (64, 128), (128, 256))
+)
+# Batch norms: the stem's, and five a stage (four in the blocks, one in the downsample).
+_RESNET_NORM_CHANNELS = 64 + 5 * (32 + 64 + 128 + 256)
+_RESNET_BYTES = (
+    4 * (1 * 64 * 7 * 7 + _RESNET_CONVS + (256 * 10 + 10))
+    # weight, bias, running mean and variance in fp32; an int64 batch count each.
+    + 4 * 4 * _RESNET_NORM_CHANNELS
+    + 8 * 21
+)
+
+
+def _share(cell: str, examples: int) -> int:
+    """How many of `examples` a printed share stands for (`93.8%`, or `0.469` as a fraction);
+    the cell must be that count's share, as printed."""
+    percent = cell.endswith("%")
+    value = float(cell.rstrip("%")) / (100 if percent else 1)
+    count = round(value * examples)
+    assert format(count / examples, ".1%" if percent else ".3f") == cell, (cell, examples)
+    return count
+
+
+def _agreement_bounds_accuracy(eager: list[str], converted: list[str], examples: int) -> None:
+    """A backend's accuracy can differ from eager's on the examples where their predictions
+    differ only: by as many examples as they disagree on, at most."""
+    disagree = examples - _share(converted[6], examples)
+    correct = _share(eager[8], examples), _share(converted[8], examples)
+    assert abs(correct[0] - correct[1]) <= disagree
+
+
 def test_bench_backends_prints_a_row_per_backend():
     rows, profiled = bench_backends_tables(
         "--ffn-width", "512", "--backends", "eager", "int8_dynamic", "--seq-len", "32"
     )
     names = [row[0] for row in rows[1:]]
     assert names == ["---", "eager fp32, full width", "eager", "int8_dynamic"]
-    eager = rows[3]
-    assert float(eager[5]) > 0  # artifact size in MB
-    assert eager[6] == "100.0%"  # eager agrees with itself
+    eager, int8 = rows[3], rows[4]
+    # The artifacts, in MB to one decimal: the fp32 weights (a safetensors header beside them,
+    # a few kB), and the same with the linear layers' weights in int8.
+    fp32_bytes = 4 * sum(_MINILM_PARAMS.values())
+    assert float(eager[5]) == pytest.approx(fp32_bytes / 1e6, abs=0.1)
+    assert float(int8[5]) == pytest.approx((fp32_bytes - 3 * _MINILM_LINEAR_WEIGHTS) / 1e6, abs=0.1)
+    # The eager artifact, read back, predicts as the model it was saved from on every example
+    # (agreement is against that model's predictions, not the labels), with the same logits.
+    assert eager[6] == "100.0%" and eager[7] == "0"
+    # Shares of the 32 validation examples, consistent with one another.
+    _agreement_bounds_accuracy(eager, int8, 32)
     # Every converted backend profiled once; the timed baseline is not a point.
     assert [row[0] for row in profiled[2:]] == ["eager", "int8_dynamic"]
     assert profiled[0][3] == "matmul/conv" and float(profiled[2][2]) > 0
@@ -79,9 +134,12 @@ def test_bench_backends_deploys_a_cnn_with_the_same_table():
     names = [row[0] for row in rows[1:]]
     assert names == ["---", "eager fp32, in memory", "eager", "int8_dynamic"]
     assert len(rows[0]) == 10  # the MiniLM table's columns
-    eager = rows[3]
-    assert float(eager[5]) > 0
-    assert eager[6] == "100.0%"
+    eager, int8 = rows[3], rows[4]
+    # The fp32 weights and batch-norm statistics. (int8_dynamic quantises the one linear
+    # layer, 2560 weights: 8 kB less, too little to tell at one decimal.)
+    assert float(eager[5]) == pytest.approx(_RESNET_BYTES / 1e6, abs=0.1)
+    assert eager[6] == "100.0%" and eager[7] == "0"
+    _agreement_bounds_accuracy(eager, int8, 32)
 
 
 def test_bench_search_prints_a_row_per_configuration_and_plots(tmp_path):

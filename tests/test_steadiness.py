@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
-import resource
 import signal
 import subprocess
 import sys
 import time
+import types
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -59,17 +61,23 @@ def _timed(protocol: LatencyProtocol):
     return "".join(calls), timings.rounds, set_aside, timings.steady
 
 
-def test_on_a_steady_machine_the_planned_rounds_are_all_that_are_timed():
-    # Within 1000x of the fastest reading: every round is steady.
+def test_on_a_steady_machine_the_planned_rounds_are_all_that_are_timed(monkeypatch):
+    # The warm-up reading, the one before round 0, one after each round. The floor is the
+    # second-fastest reading (5.0): within 10% is <= 5.5, which 5.4 and 5.2 are, so both
+    # rounds are steady. A third round would read the 9.0, which no round may touch.
+    taken = _scripted(monkeypatch, 1, [5.0, 5.0, 5.4, 5.2, 9.0])
+    # Each timed call reads as the number of readings taken before it: round i's as i + 2.
+    _clock_reading(monkeypatch, taken)
     protocol = LatencyProtocol(
-        1, 16, 1, warmup=1, repeats=4, rounds=2, steady_within=1000.0, steady_attempts=3
+        1, 16, 1, warmup=1, repeats=4, rounds=2, steady_within=0.1, steady_attempts=3
     )
     calls, kept, set_aside, steady = _timed(protocol)
     # Warm-up once each; then per round each in turn, one untimed call (the reference ran
     # before it) and 4 // 2 timed ones.
     assert calls == "ab" + "aaabbb" * 2
-    assert [len(r) for r in kept["a"]] == [2, 2] and [len(r) for r in kept["b"]] == [2, 2]
+    assert kept == {"a": [[2.0, 2.0], [3.0, 3.0]], "b": [[2.0, 2.0], [3.0, 3.0]]}
     assert set_aside == [] and steady is True
+    assert taken == [5.0, 5.0, 5.4, 5.2]
 
 
 def _scripted(monkeypatch, num_threads: int, readings: list[float]) -> list[float]:
@@ -210,9 +218,28 @@ def test_the_protocol_reads_steadiness_from_the_config(within):
     assert protocol.statistic == "min"
 
 
+class _Clock:
+    """`time` for code under test: `monotonic` reads seconds that pass only in `sleep`."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.sleeps: list[float] = []
+
+    def monotonic(self) -> float:
+        return self.now
+
+    perf_counter = monotonic
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+
 def test_waiting_for_steady_reads_the_reference_until_a_spell_passes(monkeypatch):
     # Floor 5.0 (the first two readings); within 10% is <= 5.5: the spell reads 9 and 8.
-    taken = _scripted(monkeypatch, 1, [5.0, 5.0, 9.0, 8.0, 5.2, 9.0])
+    taken = _scripted(monkeypatch, 1, [5.0, 5.0, 9.0, 8.0, 5.2, 9.0, 9.0, 9.0, 9.0, 5.0])
+    clock = _Clock()
+    monkeypatch.setattr(sys.modules["tuner.latency.protocol"], "time", clock)
     reference = _REFERENCES[1]
     reference.reading_ms(), reference.reading_ms()
     protocol = LatencyProtocol(
@@ -227,12 +254,17 @@ def test_waiting_for_steady_reads_the_reference_until_a_spell_passes(monkeypatch
         steady_wait_s=60.0,
     )
     on_cpu = {"a": lambda *_: None}
-    waited = wait_for_steady(on_cpu, protocol, poll_s=0.0)
-    assert waited is not None and 0.0 <= waited < 60.0
-    assert taken == [5.0, 5.0, 9.0, 8.0, 5.2]
-    # A spell that outlasts the timeout: one reading, then None.
+    # Read at 0 s (9.0) and 2 s (8.0), near the floor at 4 s (5.2): 4 s waited.
+    assert wait_for_steady(on_cpu, protocol, poll_s=2.0) == 4.0
+    assert taken == [5.0, 5.0, 9.0, 8.0, 5.2] and clock.sleeps == [2.0, 2.0]
+    # A spell that outlasts 5 s: read at 0, 2 and 4 s; one more poll would end at 6 s, past
+    # the 5 s, so it gives up without taking it.
+    assert wait_for_steady(on_cpu, replace(protocol, steady_wait_s=5.0), poll_s=2.0) is None
+    assert taken[5:] == [9.0, 9.0, 9.0] and clock.sleeps == [2.0] * 4
+    # A poll longer than the whole wait: one reading, no sleep, then None (the steady 5.0
+    # that would have come next is never read).
     assert wait_for_steady(on_cpu, replace(protocol, steady_wait_s=1.0), poll_s=2.0) is None
-    assert taken[-1] == 9.0 and len(taken) == 6
+    assert len(taken) == 9 and clock.sleeps == [2.0] * 4
 
 
 def test_nothing_is_waited_for_where_rounds_are_not_judged(monkeypatch):
@@ -262,43 +294,130 @@ def test_nothing_is_waited_for_where_rounds_are_not_judged(monkeypatch):
     assert taken == []
 
 
-@pytest.mark.slow
-def test_the_noisy_neighbour_keeps_a_core_busy_in_its_spells_only():
-    script = str(REPO / "scripts" / "noisy_neighbour.py")
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    started = time.monotonic()
-    done = subprocess.run(
-        [sys.executable, script, "--seconds", "3", "--on", "1", "--off", "0.5"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    took = time.monotonic() - started
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    assert done.returncode == 0, done.stderr
-    # Spells of 1 s, 0.5 s apart, each start and end printed with its time (a loaded machine
-    # may add a fraction of a second to starting and stopping a process): two, unless the
-    # first one's end came so late that no pause of 0.5 s was left before the 3 s end.
-    lines = [line.rsplit(" at ", 1) for line in done.stdout.splitlines()]
-    times = [float(when.removesuffix(" s")) for _, when in lines]
-    spells = list(zip(times[::2], times[1::2], strict=True))
-    assert [what for what, _ in lines] == ["spell on", "spell off"] * len(spells)
-    assert spells[0][0] < 0.5
-    # Stopping a busy process on a loaded machine has taken a second more; a spell is cut
-    # where the 3 s end.
+NOISY_NEIGHBOUR = REPO / "scripts" / "noisy_neighbour.py"
+
+
+def _script_module() -> types.ModuleType:
+    """scripts/noisy_neighbour.py, imported (its `main` not run)."""
+    spec = importlib.util.spec_from_file_location("noisy_neighbour", NOISY_NEIGHBOUR)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class _Neighbour:
+    """scripts/noisy_neighbour.py loaded as a module, on a `_Clock`, with stand-ins for its busy
+    processes: their starts and ends, and the lines the script prints, go to `events` in order.
+    The signal handlers it installs go to `handlers`, not to this process."""
+
+    def __init__(self, monkeypatch) -> None:
+        self.clock = _Clock()
+        self.events: list[str] = []
+        self.handlers: dict[int, Callable] = {}
+        self.module = _script_module()
+        events, clock, module = self.events, self.clock, self.module
+
+        class Busy:
+            def __init__(self, target, daemon):
+                assert target is module._stream and daemon
+                self.alive = False
+
+            def start(self):
+                self.alive = True
+                events.append(f"busy start at {clock.now:.1f}")
+
+            def is_alive(self):
+                return self.alive
+
+            def terminate(self):
+                self.alive = False
+                events.append(f"busy end at {clock.now:.1f}")
+
+            def join(self):
+                assert not self.alive
+
+        monkeypatch.setattr(module, "time", clock)
+        monkeypatch.setattr(module, "multiprocessing", types.SimpleNamespace(Process=Busy))
+        installed = types.SimpleNamespace(SIGTERM=signal.SIGTERM, signal=self.handlers.__setitem__)
+        monkeypatch.setattr(module, "signal", installed)
+        monkeypatch.setattr(module, "print", lambda line, flush: events.append(line), raising=False)
+
+
+@pytest.mark.parametrize(
+    ("seconds", "spells"),
+    [
+        # 1 s on, 0.5 s off: on at 0, off at 1; on at 1.5, off at 2.5; the last pause ends at 3.
+        ("3", [("0.0", "1.0"), ("1.5", "2.5")]),
+        # The second spell is cut where the 2.2 s end: 0.7 s long.
+        ("2.2", [("0.0", "1.0"), ("1.5", "2.2")]),
+        # The first pause is cut at 1.2 s: no second spell.
+        ("1.2", [("0.0", "1.0")]),
+    ],
+)
+def test_the_noisy_neighbour_keeps_a_process_busy_in_its_spells_only(monkeypatch, seconds, spells):
+    neighbour = _Neighbour(monkeypatch)
+    neighbour.module.main(["--seconds", seconds, "--on", "1", "--off", "0.5"])
+    expected = []
     for on, off in spells:
-        assert min(1.0, 3.0 - on) - 0.15 <= off - on < 4.0
-    if len(spells) == 2:
-        assert 0.45 <= spells[1][0] - spells[0][1] < 3.5
-    else:
-        assert len(spells) == 1 and spells[0][1] + 0.5 >= 3.0 - 0.15, spells
-    busy = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
-    # A process streaming memory for most of the two spells (less where the machine is busy).
-    assert 0.8 < busy < took
-    refused = subprocess.run(
-        [sys.executable, script, "--seconds", "3", "--on", "0"], capture_output=True, text=True
+        expected += [f"busy start at {on}", f"spell on at {on} s"]
+        expected += [f"busy end at {off}", f"spell off at {off} s"]
+    assert neighbour.events == expected
+    # It sleeps through spells and pauses and returns at the end, not before.
+    assert neighbour.clock.now == pytest.approx(float(seconds))
+    assert list(neighbour.handlers) == [signal.SIGTERM]
+
+
+def test_the_noisy_neighbour_killed_in_a_spell_ends_its_busy_process(monkeypatch):
+    neighbour = _Neighbour(monkeypatch)
+    sleep = neighbour.clock.sleep
+
+    def killed_10_s_in(seconds: float) -> None:
+        # `kill` lands 10 s into the 30 s spell, while the script sleeps in it.
+        sleep(10.0)
+        neighbour.handlers[signal.SIGTERM](signal.SIGTERM, None)
+
+    neighbour.clock.sleep = killed_10_s_in  # type: ignore[method-assign]
+    with pytest.raises(SystemExit) as ended:
+        neighbour.module.main(["--seconds", "60", "--on", "30"])
+    assert ended.value.code == 0
+    # Its busy process ended on the way out; no "spell off" (the spell did not run out).
+    assert neighbour.events == ["busy start at 0.0", "spell on at 0.0 s", "busy end at 10.0"]
+
+
+def test_the_noisy_neighbour_refuses_empty_spells(capsys):
+    with pytest.raises(SystemExit) as refused:
+        _script_module().main(["--seconds", "3", "--on", "0"])
+    assert refused.value.code == 2 and "--on 0.0: must be > 0" in capsys.readouterr().err
+
+
+def _cpu_ticks(pid: int) -> int:
+    """The user and system CPU time a process has used, in clock ticks (/proc/PID/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])  # utime, stime: fields 14 and 15
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)  # a script that never prints its next line fails, not hangs
+def test_the_noisy_neighbour_s_busy_process_runs_in_its_spell_and_goes_with_it():
+    script = str(NOISY_NEIGHBOUR)
+    # A spell of 0.5 s, then a pause longer than the test: at "spell off" its busy process has
+    # ended (it is ended and joined before the line is printed).
+    pausing = subprocess.Popen(
+        [sys.executable, script, "--seconds", "60", "--on", "0.5", "--off", "60"],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
     )
-    assert refused.returncode == 2 and "--on 0.0: must be > 0" in refused.stderr
+    try:
+        assert pausing.stdout is not None and pausing.stdout.readline().startswith("spell on")
+        assert pausing.stdout.readline().startswith("spell off")
+        assert _running(script) == [pausing.pid]
+        pausing.terminate()
+        assert pausing.wait(timeout=30) == 0
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pausing.pid, signal.SIGKILL)
     # Killed in a spell (as the docs' recipe does), it leaves no busy process behind.
     killed = subprocess.Popen(
         [sys.executable, script, "--seconds", "60", "--on", "30"],
@@ -308,10 +427,15 @@ def test_the_noisy_neighbour_keeps_a_core_busy_in_its_spells_only():
     )
     try:
         assert killed.stdout is not None and killed.stdout.readline().startswith("spell on")
-        assert len(_running(script)) == 2  # the script and its busy process
+        (busy,) = [pid for pid in _running(script) if pid != killed.pid]
+        # It keeps a core busy: while it is watched it uses a whole second of CPU time, more
+        # than filling its arrays takes, within its 30 s spell (it is gone once that ends).
+        first = _cpu_ticks(busy)
+        while _cpu_ticks(busy) < first + os.sysconf("SC_CLK_TCK"):
+            time.sleep(0.05)
         killed.terminate()
-        killed.wait(timeout=30)
-        time.sleep(1.0)
+        assert killed.wait(timeout=30) == 0
+        # The script ended and joined it before it exited: gone at once.
         assert _running(script) == []
     finally:  # nothing left to load the machine, whatever failed
         with contextlib.suppress(ProcessLookupError):

@@ -5,6 +5,9 @@ training itself is replaced by storing a small real teacher, which is all the ag
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -137,6 +140,78 @@ def test_workers_starting_together_on_postgresql_queue_one_teacher_trial(
         assert len(race.trained) == 1, (round_, race.states())
         assert race.states() == [(race.trained[0], TrialState.COMPLETE)], round_
         race.close()
+
+
+_WORKER = """
+import json, sys, time
+from pathlib import Path
+import optuna
+import tuner.study.teacher_trial as agreement
+from tuner.store.lease import Leases
+from tuner.store.optuna_compat import trial_id_of
+from tuner.store.storage import open_storage
+from tuner.training import TrainResult
+from tuner.trial.teacher import Teachers, record_stored
+
+url, files, tracking, here, me, other = sys.argv[1:]
+here = Path(here)
+storage, _ = open_storage(url)
+study_id = storage.get_study_id_from_name("race")
+queue_attempt, waited = agreement._queue_attempt, []
+
+def queue_once_both_looked(*args, **kwargs):
+    # Both workers found no teacher trial before either queues one.
+    if not waited:
+        waited.append(me)
+        (here / f"looked-{me}").write_text(me)
+        while not (here / f"looked-{other}").exists():
+            time.sleep(0.01)
+    return queue_attempt(*args, **kwargs)
+
+agreement._queue_attempt = queue_once_both_looked
+trained = []
+
+def train(trial):
+    trained.append(trial.number)
+    record_stored(storage, study_id, "auto", trial.number, files, TrainResult())
+    storage.set_trial_state_values(
+        trial_id_of(trial), optuna.trial.TrialState.COMPLETE, [0.8, 1.0]
+    )
+
+agreement.ensure_trained(
+    optuna.load_study(study_name="race", storage=storage),
+    Leases(url, "race"),
+    Teachers("auto", tracking, ["neg", "pos"], {"train.lr": 1e-3}),
+    train,
+    poll_seconds=0.05,
+    max_retry=2,
+)
+print(json.dumps(trained))
+"""
+
+
+@pytest.mark.slow
+def test_two_worker_processes_that_both_find_no_teacher_trial_queue_and_train_one(tmp_path):
+    # Two processes on one SQLite storage; each, having found no teacher trial, waits to queue
+    # one until the other has found none too: both decide on the same view of the study.
+    race = _Study(tmp_path, f"sqlite:///{tmp_path}/optuna.db")
+    workers = [
+        subprocess.Popen(
+            [sys.executable, "-c", _WORKER, race.url, race.files, race.tracking]
+            + [str(tmp_path), me, other],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for me, other in (("a", "b"), ("b", "a"))
+    ]
+    outputs = [worker.communicate(timeout=240)[0] for worker in workers]
+    assert [worker.returncode for worker in workers] == [0, 0]
+    assert (tmp_path / "looked-a").exists() and (tmp_path / "looked-b").exists()
+    # One teacher trial, queued by one of them and trained once, by one of them.
+    trained = [json.loads(output.splitlines()[-1]) for output in outputs]
+    assert sorted(trained) == [[], [0]]
+    assert race.states() == [(0, TrialState.COMPLETE)]
+    race.close()
 
 
 def test_a_worker_waits_while_another_trains_the_teacher(tmp_path, monkeypatch):
