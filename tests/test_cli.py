@@ -21,7 +21,13 @@ from mlflow.tracking import MlflowClient
 
 from tuner.deploy.backends import BACKENDS as REGISTERED
 from tuner.front.points import study_points
-from tuner.keys import LATENCY_KEY_ATTR, ROLE_TAG, TEACHER_OF_ATTR, TRAINED_IN_TAG
+from tuner.keys import (
+    ARCHITECTURE_ATTR,
+    LATENCY_KEY_ATTR,
+    ROLE_TAG,
+    TEACHER_OF_ATTR,
+    TRAINED_IN_TAG,
+)
 
 TrialState = optuna.trial.TrialState
 SMOKE = ("+experiment=bert_ffn", "debug=smoke")
@@ -217,8 +223,12 @@ def test_smoke_study_end_to_end_and_resume(tmp_path):
         profiled = {a.path for a in client.list_artifacts(run.info.run_id, "profile")}
         assert profiled == {"profile/ops.csv"}
         if TEACHER_OF_ATTR in trial.user_attrs:
-            assert trial.user_attrs["architecture"] == {}  # the unedited model
+            # The unedited model: the smoke encoder's 6 layers at MiniLM's FFN width.
+            unedited = {"model.ffn_width": 1536, "model.num_layers": 6}
+            assert trial.user_attrs[ARCHITECTURE_ATTR] == unedited
             assert run.data.params["model.ffn_width_fraction"] == "None"
+            assert run.data.params["model.ffn_width"] == "1536"
+            assert run.data.params["model.num_layers"] == "6"
             continue
         # Relative edits are recorded with what they stand for on MiniLM (FFN 1536, 6 layers),
         # rounded to a multiple of 64 and half up.
@@ -228,7 +238,7 @@ def test_smoke_study_end_to_end_and_resume(tmp_path):
         assert run.data.params["model.ffn_width"] == str(width)
         layers = {0.5: 3, 0.667: 4, 0.833: 5, 1.0: 6}[trial.params["model.num_layers_fraction"]]
         assert run.data.params["model.num_layers"] == str(layers)
-        assert trial.user_attrs["architecture"] == {
+        assert trial.user_attrs[ARCHITECTURE_ATTR] == {
             "model.ffn_width": width,
             "model.num_layers": layers,
         }

@@ -18,7 +18,7 @@ from tuner.config.compose import apply_debug, compose_config, resolve
 from tuner.data import load_splits
 from tuner.deploy.backends import BACKENDS
 from tuner.front.points import study_points
-from tuner.keys import ROLE_TAG, TEACHER_OF_ATTR
+from tuner.keys import ARCHITECTURE_ATTR, ROLE_TAG, TEACHER_OF_ATTR
 
 SMOKE = (
     "+experiment=resnet_mixup",
@@ -59,7 +59,9 @@ def test_image_study_trains_and_deploys_on_both_backends(image_study):
     # The first configuration is the distillation teacher: the full-width CNN, unsampled.
     teacher = [t for t in study.get_trials() if TEACHER_OF_ATTR in t.user_attrs]
     assert len(teacher) == 2 and {t.user_attrs["trained_in_trial"] for t in teacher} == {0}
-    assert all(t.user_attrs["architecture"] == {} for t in teacher)
+    assert all(
+        t.user_attrs[ARCHITECTURE_ATTR] == {} for t in teacher
+    )  # a CNN: no width or depth edit
     for trial in study.get_trials():
         if trial in teacher:
             continue
