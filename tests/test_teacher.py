@@ -30,11 +30,11 @@ from tuner.keys import (
     RETRAIN_TAG,
     SETTINGS_ATTR,
     START_FROM_TAG,
-    STORED_ATTR,
+    STORED_TEACHERS_ATTR,
     TEACHER_LOADED_TAG,
     TEACHER_OF_ATTR,
     TEACHER_TAG,
-    TRIAL_ATTR,
+    TEACHER_TRIAL_ATTR,
 )
 from tuner.models.recipe import ModelRecipe
 from tuner.store import budget
@@ -84,7 +84,7 @@ def _study(directory: Path, name: str = STUDY) -> optuna.Study:
 
 
 def _teacher_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
-    return [t for t in study.trials if TRIAL_ATTR in t.system_attrs]
+    return [t for t in study.trials if TEACHER_TRIAL_ATTR in t.system_attrs]
 
 
 def _teacher_and_retries(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
@@ -106,7 +106,7 @@ def test_the_teacher_is_trained_once_stored_and_reused_by_resumes(study_dir, cap
     assert teacher.user_attrs[TEACHER_OF_ATTR] == "auto"
     # The unedited model: the tiny encoder's 6 layers at the FFN width of its config (MiniLM's).
     assert teacher.user_attrs[ARCHITECTURE_ATTR] == {"model.ffn_width": 1536, "model.num_layers": 6}
-    stored = study.user_attrs[STORED_ATTR]["auto"]
+    stored = study.user_attrs[STORED_TEACHERS_ATTR]["auto"]
     assert stored["trial"] == 0
     location = Path(stored["uri"].removeprefix("file://"))
     assert sorted(p.name for p in location.iterdir()) == ["labels.json", "teacher.safetensors"]
@@ -145,7 +145,7 @@ def test_the_teacher_is_trained_once_stored_and_reused_by_resumes(study_dir, cap
     study = _study(study_dir)
     first, second = _teacher_trials(study)
     assert second.state == TrialState.COMPLETE
-    assert study.user_attrs[STORED_ATTR]["auto"]["trial"] == second.number
+    assert study.user_attrs[STORED_TEACHERS_ATTR]["auto"]["trial"] == second.number
     assert len(_configurations(study)) == 4
 
 
@@ -173,7 +173,7 @@ def test_a_teacher_trial_interrupted_after_storing_its_teacher_loads_it_when_ret
     interrupted, retry = _teacher_and_retries(study)
     assert (interrupted.state, retry.state) == (TrialState.FAIL, TrialState.WAITING)
     assert len(study.trials) == 2  # no point was written
-    record = study.user_attrs[STORED_ATTR]["auto"]
+    record = study.user_attrs[STORED_TEACHERS_ATTR]["auto"]
     assert record["trial"] == 0
     curve = interrupted.user_attrs["val_accuracy_curve"]
     epochs = record["training"]["epochs"]
@@ -186,7 +186,7 @@ def test_a_teacher_trial_interrupted_after_storing_its_teacher_loads_it_when_ret
     assert "Loading the distillation teacher that trial #0 trained" in capsys.readouterr().out
     study = _study(study_dir)
     # Not trained again: the record still names trial #0's files, which the student learnt from.
-    assert study.user_attrs[STORED_ATTR]["auto"] == record
+    assert study.user_attrs[STORED_TEACHERS_ATTR]["auto"] == record
     interrupted, retry = _teacher_and_retries(study)
     assert retry.state == TrialState.COMPLETE
     # The stored weights, evaluated again, give the accuracy of training's last epoch.
@@ -234,12 +234,12 @@ def test_a_trial_named_as_teacher_is_its_configuration_trained_again(study_dir):
     _run(study_dir, *named, "train.distill.start_from=pretrained")
     study = _study(study_dir)
     (teacher,) = _teacher_trials(study)
-    assert teacher.system_attrs[TRIAL_ATTR]["params"] == {
+    assert teacher.system_attrs[TEACHER_TRIAL_ATTR]["params"] == {
         **first.params,
         "train.distill.alpha": 0.0,
         "train.distill.start_from": "pretrained",
     }
-    assert study.user_attrs[STORED_ATTR]["0"]["trial"] == teacher.number
+    assert study.user_attrs[STORED_TEACHERS_ATTR]["0"]["trial"] == teacher.number
     # Training is seeded: the configuration trained again is the same model.
     assert teacher.user_attrs[EAGER_ACCURACY_ATTR] == first.user_attrs[EAGER_ACCURACY_ATTR]
     # The teacher counts as one of study.n_trials: trial 0, the teacher, one student.
@@ -258,7 +258,7 @@ def test_a_distilled_point_retrains_to_the_same_accuracy(study_dir, start_from):
     study = _study(study_dir)
     # The second student: the teacher was loaded in this process before it trained, not in
     # its retraining run; its training must not depend on that.
-    *_, student = [t for t in _configurations(study) if TRIAL_ATTR not in t.system_attrs]
+    *_, student = [t for t in _configurations(study) if TEACHER_TRIAL_ATTR not in t.system_attrs]
     client = MlflowClient(f"sqlite:///{study_dir}/mlflow.db")
     command = shlex.split(
         client.get_run(student.user_attrs["mlflow_run_id"]).data.tags[RETRAIN_TAG]
@@ -346,12 +346,15 @@ def test_distilled_students_can_start_from_the_teachers_weights_and_retrain_from
     study = _study(study_dir)
     (teacher,) = _teacher_trials(study)
     (student,) = [t for t in _configurations(study) if t.number != teacher.number]
-    assert teacher.system_attrs[TRIAL_ATTR]["params"]["train.distill.start_from"] == "pretrained"
+    assert (
+        teacher.system_attrs[TEACHER_TRIAL_ATTR]["params"]["train.distill.start_from"]
+        == "pretrained"
+    )
     assert student.params["train.lr"] == 1e-12
     accuracy = teacher.user_attrs[EAGER_ACCURACY_ATTR]
     assert student.user_attrs[EAGER_ACCURACY_ATTR] == accuracy
     # The retraining command pins the teacher it started from; it starts there again.
-    stored = study.user_attrs[STORED_ATTR]["auto"]["uri"]
+    stored = study.user_attrs[STORED_TEACHERS_ATTR]["auto"]["uri"]
     client = MlflowClient(f"sqlite:///{study_dir}/mlflow.db")
     run = client.get_run(student.user_attrs["mlflow_run_id"])
     assert run.data.tags[TEACHER_TAG] == stored
@@ -379,7 +382,7 @@ def test_distilled_students_can_start_from_the_teachers_weights_and_retrain_from
     other.mkdir()
     _run(other, *students, "train.distill.alpha=0", "debug.overrides.study.n_trials=1")
     (plain,) = _study(other).trials
-    assert TRIAL_ATTR not in plain.system_attrs
+    assert TEACHER_TRIAL_ATTR not in plain.system_attrs
     assert plain.user_attrs[EAGER_ACCURACY_ATTR] != accuracy
 
 

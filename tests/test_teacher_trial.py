@@ -20,7 +20,7 @@ from conftest import TINY_BERT
 
 import tuner.study.teacher_trial
 from tuner.errors import StudyStopped
-from tuner.keys import STORED_ATTR, TRIAL_ATTR
+from tuner.keys import STORED_TEACHERS_ATTR, TEACHER_TRIAL_ATTR
 from tuner.models.recipe import ModelRecipe
 from tuner.store.lease import Leases
 from tuner.store.optuna_compat import stale_trial_ids, trial_id_of
@@ -84,7 +84,7 @@ class _Study:
     def queue_attempt(self) -> None:
         template = optuna.trial.create_trial(
             state=TrialState.WAITING,
-            system_attrs={TRIAL_ATTR: {"reference": "auto", "params": {"train.lr": 1e-3}}},
+            system_attrs={TEACHER_TRIAL_ATTR: {"reference": "auto", "params": {"train.lr": 1e-3}}},
         )
         self.storage.create_new_trial(self.study_id, template_trial=template)
 
@@ -297,7 +297,9 @@ def test_a_teacher_confirmed_gone_is_trained_again_once(tmp_path):
     race.ensure()
     assert race.trained == [1]
     assert race.states() == [(0, TrialState.COMPLETE), (1, TrialState.COMPLETE)]
-    assert race.storage.get_study_user_attrs(race.study_id)[STORED_ATTR]["auto"]["uri"] != uri
+    assert (
+        race.storage.get_study_user_attrs(race.study_id)[STORED_TEACHERS_ATTR]["auto"]["uri"] != uri
+    )
 
 
 def test_a_teacher_that_cannot_be_fetched_is_not_trained_again(tmp_path, monkeypatch):
@@ -309,5 +311,7 @@ def test_a_teacher_that_cannot_be_fetched_is_not_trained_again(tmp_path, monkeyp
     root.rename(tmp_path / "elsewhere")
     with pytest.raises(StudyStopped, match="cannot be fetched"):
         race.ensure(run_trial=lambda trial: pytest.fail("trained a second teacher"))
-    assert race.storage.get_study_user_attrs(race.study_id)[STORED_ATTR]["auto"]["uri"] == uri
+    assert (
+        race.storage.get_study_user_attrs(race.study_id)[STORED_TEACHERS_ATTR]["auto"]["uri"] == uri
+    )
     assert race.states() == []

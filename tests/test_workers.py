@@ -20,11 +20,11 @@ from tuner.keys import (
     DUPLICATE_ATTR,
     ROLE_TAG,
     SKIPPED_ATTR,
-    STORED_ATTR,
+    STORED_TEACHERS_ATTR,
     TEACHER_TAG,
+    TEACHER_TRIAL_ATTR,
     TRAINED_IN_ATTR,
     TRAINED_IN_TAG,
-    TRIAL_ATTR,
 )
 
 # Real studies in subprocesses: the full suite's, not the fast selection's.
@@ -145,11 +145,11 @@ def test_workers_share_n_trials_of_one_study(workdirs, postgres_database):
     # Three workers started together; one of them trained the study's distillation teacher,
     # once, and every trained student learnt from that one. (Workers that each queued a teacher
     # trial at the same moment leave the others skipped, unrun.)
-    teachers = [t for t in study.trials if TRIAL_ATTR in t.system_attrs]
+    teachers = [t for t in study.trials if TEACHER_TRIAL_ATTR in t.system_attrs]
     (teacher,) = [t for t in teachers if DUPLICATE_ATTR not in t.system_attrs]
     assert all(t.state == TrialState.PRUNED and not t.params for t in teachers if t != teacher)
     assert teacher.state == TrialState.COMPLETE
-    stored = study.user_attrs[STORED_ATTR]["auto"]
+    stored = study.user_attrs[STORED_TEACHERS_ATTR]["auto"]
     assert stored["trial"] == teacher.number
     client = MlflowClient(tracking)
     for trial in _own_trials(study):

@@ -46,7 +46,7 @@ SAMPLER_VIEW_ATTR = "sampler_view"
 # records the one whose point it carries, and a retry decides that again.
 BACKEND_KEY = "deploy.backend"
 # A teacher trial: the reference it trains and the params it trains with.
-TRIAL_ATTR = "tuner:teacher"
+TEACHER_TRIAL_ATTR = "tuner:teacher"
 # A teacher trial that an earlier version of tuner finished unrun (another worker had queued one
 # at the same moment). Read for studies made then: never counted.
 DUPLICATE_ATTR = "tuner:teacher_duplicate"
@@ -62,7 +62,7 @@ CHANGES_ATTR = "settings_changes"
 # hypervolume curve stays comparable (`tuner.front.convergence`).
 REFERENCE_ATTR = "hypervolume_reference"
 # Teacher reference (`auto`, a trial number) -> where it is stored.
-STORED_ATTR = "teachers"
+STORED_TEACHERS_ATTR = "teachers"
 # The peaks measured on one machine (its digest follows the prefix).
 PEAK_ATTR_PREFIX = "machine_peak:"
 

@@ -19,7 +19,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from tuner.errors import StudyStopped
 from tuner.interrupts import raise_if_interrupted
-from tuner.keys import FAIL_REASON_ATTR, SKIPPED_ATTR, STORED_ATTR, TRIAL_ATTR
+from tuner.keys import FAIL_REASON_ATTR, SKIPPED_ATTR, STORED_TEACHERS_ATTR, TEACHER_TRIAL_ATTR
 from tuner.store import (
     Leases,
     beat_once,
@@ -185,12 +185,12 @@ def _queue_attempt(
     stored there is dropped first (unless another worker did so, and perhaps stored another)."""
     reference = str(teachers.reference)
     with leases.hold("teacher"):
-        stored = dict(storage.get_study_user_attrs(study_id).get(STORED_ATTR) or {})
+        stored = dict(storage.get_study_user_attrs(study_id).get(STORED_TEACHERS_ATTR) or {})
         if gone is not None and (stored.get(reference) or {}).get("uri") != gone:
             return  # another worker dropped it first, and queued its new attempt
         if gone is not None:
             stored.pop(reference)
-            storage.set_study_user_attr(study_id, STORED_ATTR, stored)
+            storage.set_study_user_attr(study_id, STORED_TEACHERS_ATTR, stored)
         elif reference in stored:
             return
         latest = _latest_attempt(storage, study_id, reference)
@@ -198,7 +198,7 @@ def _queue_attempt(
             return
         template = optuna.trial.create_trial(
             state=TrialState.WAITING,
-            system_attrs={TRIAL_ATTR: {"reference": reference, "params": teachers.params}},
+            system_attrs={TEACHER_TRIAL_ATTR: {"reference": reference, "params": teachers.params}},
         )
         storage.create_new_trial(study_id, template_trial=template)
 

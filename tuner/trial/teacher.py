@@ -32,7 +32,7 @@ from torch import nn
 from tuner.data import Encoded
 from tuner.deploy import load_weights, read_recipe, save_weights
 from tuner.errors import ConfigError, StudyStopped
-from tuner.keys import RETRY_HISTORY, STORED_ATTR, TRIAL_ATTR
+from tuner.keys import RETRY_HISTORY, STORED_TEACHERS_ATTR, TEACHER_TRIAL_ATTR
 from tuner.models import MODEL_FAMILIES, ModelRecipe
 from tuner.training import Distillation, TrainResult
 
@@ -194,7 +194,7 @@ class Teachers:
         """The study attribute's record of a teacher the study trains, once it is stored."""
         if self.params is None:
             return None
-        return (stored.get(STORED_ATTR) or {}).get(str(self.reference))
+        return (stored.get(STORED_TEACHERS_ATTR) or {}).get(str(self.reference))
 
     def location(self, stored: Mapping[str, Any]) -> str | None:
         """Where the teacher is: the study attribute's record for a trained one."""
@@ -261,7 +261,7 @@ def teacher_of(trial: FrozenTrial, by_number: Mapping[int, FrozenTrial]) -> dict
     """A teacher trial's record (reference and params), also for its retries, which carry it
     in the trial they retry."""
     first = by_number.get(int(trial.system_attrs.get(RETRY_HISTORY, [trial.number])[0]), trial)
-    return first.system_attrs.get(TRIAL_ATTR)
+    return first.system_attrs.get(TEACHER_TRIAL_ATTR)
 
 
 def record_stored(
@@ -274,13 +274,13 @@ def record_stored(
 ) -> None:
     """Record where the teacher is stored, which trial trained it and how (its epochs, time
     and device: a retry of that trial loads it and shows the same training)."""
-    stored = dict(storage.get_study_user_attrs(study_id).get(STORED_ATTR) or {})
+    stored = dict(storage.get_study_user_attrs(study_id).get(STORED_TEACHERS_ATTR) or {})
     stored[str(reference)] = {
         "trial": trial,
         "uri": uri,
         "training": training.summary(),
     }
-    storage.set_study_user_attr(study_id, STORED_ATTR, stored)
+    storage.set_study_user_attr(study_id, STORED_TEACHERS_ATTR, stored)
 
 
 def store_after_training(
