@@ -13,11 +13,13 @@ from pathlib import Path
 
 import optuna
 import pytest
+import sqlalchemy
 from conftest import postgres_control, runnable_backends
 from mlflow.tracking import MlflowClient
 
 from tuner.keys import (
     DUPLICATE_ATTR,
+    FAIL_REASON_ATTR,
     ROLE_TAG,
     SKIPPED_ATTR,
     STORED_TEACHERS_ATTR,
@@ -225,7 +227,73 @@ def test_workers_ride_out_a_postgresql_restart(workdirs, postgres_database):
     postgres_control("restart")
     for worker in workers:
         assert worker.finish() == 0, worker.output
-    _assert_consistent(_load(storage), tracking, trained=4)
+    try:
+        _assert_consistent(_load(storage), tracking, trained=4)
+    except AssertionError:
+        print("\n\n".join(worker.output for worker in workers))
+        raise
+
+
+def _drop_connection_on_insert(url: str, table: str, timeout: float = 300) -> str:
+    """Hold off every write to `table` of the database at `url` (a SHARE lock lets reads by),
+    then drop the connection of the first INSERT that waits on it, as a database restart
+    would mid-call; returns that statement."""
+    engine = sqlalchemy.create_engine(url, poolclass=sqlalchemy.pool.NullPool)
+    try:
+        with engine.connect() as holder, engine.connect() as watcher:
+            holder.execute(sqlalchemy.text(f"LOCK TABLE {table} IN SHARE MODE"))
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                waiting = watcher.execute(
+                    sqlalchemy.text(
+                        "SELECT pid, query FROM pg_stat_activity WHERE datname = "
+                        "current_database() AND wait_event_type = 'Lock' AND pid <> "
+                        "pg_backend_pid() AND query ILIKE :insert"
+                    ),
+                    {"insert": f"INSERT INTO {table}%"},
+                ).first()
+                watcher.rollback()
+                if waiting is not None:
+                    watcher.execute(sqlalchemy.text(f"SELECT pg_terminate_backend({waiting.pid})"))
+                    holder.rollback()
+                    return waiting.query
+                time.sleep(0.1)
+            pytest.fail(f"no INSERT INTO {table} waited within {timeout} s")
+    finally:
+        engine.dispose()
+
+
+def test_a_trial_that_loses_the_database_on_a_write_never_repeated_is_queued_again(
+    workdirs, postgres_database
+):
+    """The connection drops under the INSERT of a point's MLflow run, a write that is never
+    repeated: the trial is not the configuration's fault. It is failed with that reason,
+    queued again with its params, and the study still ends with every configuration trained."""
+    storage, tracking = _stores(postgres_database)
+    worker = Worker(workdirs / "w0", storage, tracking, "debug.overrides.study.n_trials=2")
+    # The student's own run exists from here on: the next run made is a point's.
+    worker.wait_for("Trial 2/2")
+    worker.wait_for("training step")
+    statement = _drop_connection_on_insert(tracking, "runs")
+    assert worker.finish() == 0, worker.output
+    assert "database was lost mid-trial" in worker.output, worker.output
+    study = _load(storage)
+    (lost,) = [t for t in _own_trials(study) if t.state == TrialState.FAIL]
+    reason = lost.user_attrs[FAIL_REASON_ATTR]
+    assert "database was lost mid-trial" in reason and "queued again" in reason, statement
+    (retry,) = [t for t in study.trials if t.system_attrs.get("failed_trial") == lost.number]
+    assert retry.state == TrialState.COMPLETE
+    assert {k: v for k, v in retry.params.items() if k != "deploy.backend"} == lost.params
+    # The lost trial's runs were closed with the reason; its points stay, and the retry
+    # deployed only the backends that had none.
+    client = MlflowClient(tracking)
+    experiment = client.get_experiment_by_name(STUDY)
+    lost_runs = client.search_runs(
+        [experiment.experiment_id],
+        filter_string=f"tags.`tuner.trained_in_trial` = '{lost.number}'",
+    )
+    assert lost_runs and all(r.info.status != "RUNNING" for r in lost_runs)
+    _assert_consistent(study, tracking, trained=2)
 
 
 def test_sqlite_refuses_a_second_worker(tmp_path):

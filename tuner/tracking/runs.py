@@ -251,15 +251,23 @@ class Tracker:
     ) -> None:
         """Close what a stopped worker left running for the model of trial `trained_in`: its
         point runs with `status` and the reason, and its invocation's parent run KILLED."""
+        for run in self.close_trained_in(study_name, trained_in, reason, status):
+            parent_id = run.data.tags.get("mlflow.parentRunId")
+            if parent_id and self.client.get_run(parent_id).info.status == "RUNNING":
+                self.close(parent_id, "KILLED", reason)
+
+    def close_trained_in(
+        self, study_name: str, trained_in: int, reason: str, status: str = "FAILED"
+    ) -> list:
+        """Close with `status` and the reason the runs of the model of trial `trained_in`
+        still running (its own and its points'); returns them."""
         runs = self._study_runs(
             study_name,
             f"tags.`tuner.trained_in_trial` = '{trained_in}' and attributes.status = 'RUNNING'",
         )
         for run in runs:
             self.close(run.info.run_id, status, reason)
-            parent_id = run.data.tags.get("mlflow.parentRunId")
-            if parent_id and self.client.get_run(parent_id).info.status == "RUNNING":
-                self.close(parent_id, "KILLED", reason)
+        return runs
 
     def _study_runs(self, study_name: str, condition: str = "") -> list:
         filter_string = f"tags.`optuna.study` = '{study_name}' and tags.`tuner.role` = 'trial'"

@@ -86,6 +86,10 @@ def trial_failed(trial_number: int, reason: str, error: BaseException) -> None:
         print(mask_urls_in("".join(traceback.format_exception(error))), file=sys.stderr)
 
 
+def trial_lost_database(trial_number: int, reason: str) -> None:
+    console.print(f"  [yellow]trial #{trial_number} stopped:[/] {mask_urls_in(reason)}")
+
+
 def teacher_loaded(trained_in: int, location: str) -> None:
     console.print(
         f"Loading the distillation teacher that trial #{trained_in} trained and stored "

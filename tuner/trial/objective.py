@@ -48,7 +48,14 @@ from tuner.keys import (
     TEACHER_OF_ATTR,
     TRAINED_IN_ATTR,
 )
-from tuner.store import budget, requeue, structure_of, trial_id_of
+from tuner.store import (
+    budget,
+    call_with_retries,
+    is_transient,
+    requeue,
+    structure_of,
+    trial_id_of,
+)
 from tuner.trial import latency as trial_latency
 from tuner.trial import messages
 from tuner.trial.context import TrialContext
@@ -93,6 +100,10 @@ class Objective:
         trial.set_user_attr(CONFIGURATION_ATTR, configuration)
         try:
             return self._run(trial, done + 1, configuration)
+        except Exception as exc:
+            if is_transient(exc):
+                self._lost_database(trial, exc)
+            raise
         except KeyboardInterrupt:
             with deferred():
                 self._interrupted(trial)
@@ -147,7 +158,8 @@ class Objective:
                 self._pruned(trial, run_id, pruned)
                 raise
             except Exception as exc:
-                self._fail(trial, run_id, exc)
+                if not is_transient(exc):
+                    self._fail(trial, run_id, exc)
                 raise
         if own.error:
             # Only a carried backend can be one that failed: a failed point, recorded above.
@@ -266,6 +278,25 @@ class Objective:
         ctx.tracker.set_tags(run_id, {PRUNED_TAG: "true"})
         ctx.tracker.close(run_id, "KILLED", reason)
         messages.trial_pruned(trial.number, reason)
+
+    def _lost_database(self, trial: optuna.Trial, exc: Exception) -> None:
+        """The database was lost on a write that is never repeated (a run or a point made
+        twice would stay): the trial is not the configuration's fault, so it is queued again
+        like a dead worker's, its runs closed FAILED with the reason. Points it recorded stay;
+        the retry deploys only the backends without one. Should the database stay away past
+        `RETRY_SECONDS`, the trial is left without a reason of tuner's own, and whichever
+        worker looks next queues it (`tuner.study.stale_trials.requeue_orphans`)."""
+        ctx = self.context
+        frozen = call_with_retries(ctx.storage.get_trial, trial_id_of(trial))
+        queued = call_with_retries(
+            requeue, ctx.leases, ctx.storage, ctx.study_id, frozen, ctx.max_retry
+        )
+        first_line = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
+        outcome = "queued again with the same params" if queued else "retries exhausted"
+        reason = f"the database was lost mid-trial ({type(exc).__name__}: {first_line}); {outcome}"
+        trial.set_user_attr(FAIL_REASON_ATTR, reason)
+        ctx.tracker.close_trained_in(str(ctx.cfg.study.name), trial.number, reason)
+        messages.trial_lost_database(trial.number, reason)
 
     def _fail(self, trial: optuna.Trial, run_id: str, exc: Exception) -> None:
         reason = f"{type(exc).__name__}: {exc}"
