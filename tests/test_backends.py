@@ -205,11 +205,13 @@ def test_backend_contract(modality, name, deploy, request, tmp_path):
     # One call profiled apart from the timed ones: its operators' times add up by class, and
     # to the order of what a timed call takes. On these tiny models, whose calls take 0.2-2 ms,
     # the profiler's own cost per operator (some microseconds, over 100-300 operators) can
-    # outweigh the call; a wrong unit (microseconds as milliseconds) would be 1000x off.
+    # outweigh the call; a wrong unit (microseconds as milliseconds) would be 1000x off. The
+    # bounds are the fastest and slowest timed calls: a busy machine (another process beside
+    # the test) stretches the median far past what the profiled call took.
     profile = result.profile
     assert profile is not None, result.profile_absent
     assert sum(profile.by_class_ms().values()) == pytest.approx(profile.total_ms)
-    assert result.latency.p50_ms / 20 <= profile.total_ms <= result.latency.p50_ms * 50
+    assert result.latency.min_ms / 20 <= profile.total_ms <= result.latency.max_ms * 50
     assert result.metrics()["profile.total_ms"] == profile.total_ms
     assert profile.csv().count("\n") == len(profile.rows) + 1
 
