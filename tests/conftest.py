@@ -113,7 +113,7 @@ def runnable_backends(*overrides: str) -> list[str]:
 
 # A 2-layer BERT 32 wide with MiniLM's FFN width (1536) and 100 token ids (its tokenizer spells
 # 30 of them), its config and tokenizer in the tests' own files: no pretrained package needed.
-TINY_BERT_DIR = REPO / "tests" / "data" / "tiny-bert"
+TINY_BERT_DIR = REPO / "tests" / "fixtures" / "tiny-bert"
 TINY_BERT = ModelRecipe(
     model={
         **OmegaConf.to_container(OmegaConf.load(REPO / "conf" / "model" / "minilm.yaml")),

@@ -1,5 +1,5 @@
 """Every use of Optuna's private API, in one place: an Optuna upgrade is checked here, and by
-`tests/test_optuna_compat.py`.
+`tests/store/test_optuna_compat.py`.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import COMPILING, PROTOCOL, TINY_BERT, Subject
+from conftest import COMPILING, PROTOCOL, REPO, TINY_BERT, Subject
 from omegaconf import OmegaConf
 
 from tuner.data.batches import ExampleInputs
@@ -63,7 +63,6 @@ TOLERANCE = {
         "cuda_bf16": 0.3,
     },
 }
-REPO = Path(__file__).resolve().parent.parent
 # The shipped deploy defaults (int8 settings included), timed on 2 threads.
 DEPLOY = OmegaConf.merge(
     OmegaConf.load(REPO / "conf" / "deploy" / "default.yaml"), {"latency": {"num_threads": 2}}

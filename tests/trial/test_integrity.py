@@ -24,7 +24,7 @@ pytestmark = pytest.mark.slow
 
 TrialState = optuna.trial.TrialState
 # Trials are counted and numbered as the sampler makes them: no distillation teacher trains
-# first (tests/test_teacher.py covers it, tests/test_workers.py its interrupts).
+# first (tests/trial/test_teacher.py covers it, tests/study/test_workers.py its interrupts).
 SMOKE = ("+experiment=bert_ffn", "debug=smoke", "train.distill.alpha=0")
 STUDY = "bert_ffn-smoke"
 BACKENDS = runnable_backends(*SMOKE)

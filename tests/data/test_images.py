@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import REPO
 from omegaconf import OmegaConf
 
 from tuner.data import load_splits
@@ -20,7 +21,6 @@ from tuner.models import build_model
 from tuner.training import batch_loss, initialise_new_layers
 from tuner.training.image_mixup import image_mixer, mix_images
 
-REPO = Path(__file__).resolve().parent.parent
 FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import onnx
 import pytest
+from conftest import REPO
 from onnx import TensorProto, helper
 
 from tuner.insight.graph import onnx_graph
@@ -161,7 +162,7 @@ def test_onnx_runtimes_profiler_sees_each_node_of_the_graph(tmp_path):
 
     from tuner.deploy.backends.support.onnx_export import profile_session
 
-    shipped = OmegaConf.load(Path(__file__).parent.parent / "conf" / "deploy" / "default.yaml")
+    shipped = OmegaConf.load(REPO / "conf" / "deploy" / "default.yaml")
     deploy = OmegaConf.merge(shipped, {"latency": {"num_threads": 1}})
     graph = _small_graph(tmp_path / "small.onnx")
     profile = profile_session(graph, deploy, (torch.ones(2, 3),))
