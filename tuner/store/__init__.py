@@ -26,7 +26,13 @@ from tuner.store.optuna_compat import (
     trial_id_of,
 )
 from tuner.store.requeue import died, requeue
-from tuner.store.retries import RETRY_SECONDS, RetryingProxy, call_with_retries, is_transient
+from tuner.store.retries import (
+    RETRY_SECONDS,
+    RetryingProxy,
+    call_with_retries,
+    error_line,
+    is_transient,
+)
 from tuner.store.settings import (
     DIRECTIONS,
     check_change_keys,
@@ -68,6 +74,7 @@ __all__ = [
     "is_configuration",
     "is_heartbeat_enabled",
     "is_sqlite",
+    "error_line",
     "is_transient",
     "latency_key",
     "live_trial_numbers",

@@ -46,6 +46,13 @@ def is_transient(error: BaseException) -> bool:
     return False
 
 
+def error_line(error: BaseException) -> str:
+    """A database error in one line: its type and the first 200 characters of its first line
+    (drivers append the failed SQL and its parameters after it)."""
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0][:200] if lines else ''}"
+
+
 def call_with_retries(
     function: Callable[..., T], *args: Any, seconds: float = RETRY_SECONDS, **kwargs: Any
 ) -> T:
@@ -59,8 +66,7 @@ def call_with_retries(
             if not is_transient(error) or time.monotonic() + wait > deadline:
                 raise
             if not warned:
-                first_line = str(error).strip().splitlines()[0][:200] if str(error) else ""
-                database_retry(getattr(function, "__name__", "call"), first_line, seconds)
+                database_retry(getattr(function, "__name__", "call"), error_line(error), seconds)
                 warned = True
             time.sleep(wait)
             wait = min(wait * 2, _LONGEST_WAIT)

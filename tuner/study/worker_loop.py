@@ -22,6 +22,7 @@ from tuner.store import (
     RETRY_SECONDS,
     budget,
     call_with_retries,
+    error_line,
     heartbeat_of,
     is_heartbeat_enabled,
     is_transient,
@@ -100,10 +101,10 @@ def carry_on(study: optuna.Study, error: Exception) -> bool:
         return True
     if not is_transient(error):
         return False
-    first_line = f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
     console.console.print(
-        f"  [yellow]the database was lost mid-call ({first_line}); waiting for it to answer, "
-        "then going on (a trial the call left half-made is found stale and queued again)[/]"
+        f"  [yellow]the database was lost mid-call ({error_line(error)}); waiting for it to "
+        "answer, then going on (a trial the call left half-made is found stale and queued "
+        "again)[/]"
     )
     time.sleep(1.0)
     call_with_retries(study.get_trials, deepcopy=False, seconds=RETRY_SECONDS)

@@ -51,6 +51,7 @@ from tuner.keys import (
 from tuner.store import (
     budget,
     call_with_retries,
+    error_line,
     is_transient,
     requeue,
     structure_of,
@@ -291,9 +292,8 @@ class Objective:
         queued = call_with_retries(
             requeue, ctx.leases, ctx.storage, ctx.study_id, frozen, ctx.max_retry
         )
-        first_line = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
         outcome = "queued again with the same params" if queued else "retries exhausted"
-        reason = f"the database was lost mid-trial ({type(exc).__name__}: {first_line}); {outcome}"
+        reason = f"the database was lost mid-trial ({error_line(exc)}); {outcome}"
         trial.set_user_attr(FAIL_REASON_ATTR, reason)
         ctx.tracker.close_trained_in(str(ctx.cfg.study.name), trial.number, reason)
         messages.trial_lost_database(trial.number, reason)
