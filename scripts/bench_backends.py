@@ -217,7 +217,7 @@ def bench(args: argparse.Namespace) -> int:
     splits = load_splits(cfg.data)
     modality = modality_for(cfg, SearchSpace(), splits)
     backends = args.backends or default_backends(modality.name)
-    check_backends(backends, modality.name, str(cfg.deploy.device), {})
+    check_backends(backends, modality.name, cfg.deploy, {})
     train_data = modality.encode(splits.train.items, splits.train.labels)
     val = modality.encode(splits.val.items, splits.val.labels)
     print(
@@ -406,10 +406,25 @@ def describe(notes: dict) -> str:
     return "; ".join(parts)
 
 
+# `deploy` nodes read by one family of backends only (by the prefix of their names): a variant
+# of such a setting makes rows for that family's backends only.
+FAMILY_SETTINGS = {"onnx": "onnxruntime", "openvino": "openvino"}
+
+
 def rows_to_convert(backends: list[str], variants: list[str]) -> list[tuple[str, str]]:
     """(backend, deploy override) per table row: each backend as configured, then each
-    variant of it."""
-    return [(name, variant) for name in backends for variant in ["", *variants]]
+    variant of it that it reads."""
+
+    def reads(name: str, variant: str) -> bool:
+        family = FAMILY_SETTINGS.get(variant.split(".", 1)[0])
+        return family is None or name.startswith(family)
+
+    return [
+        (name, variant)
+        for name in backends
+        for variant in ["", *variants]
+        if not variant or reads(name, variant)
+    ]
 
 
 def _cell(row: dict, key: str, spec: str) -> str:

@@ -85,7 +85,8 @@ def machine_runs(backend: str) -> bool:
     shows (CPU flags, installed packages, compilers on PATH, the GPUs PyTorch sees), not
     through the backends' own availability checks: bf16 needs native bf16 instructions;
     torch.compile a C++ compiler for Inductor; PyTorch's int8 a quantized engine; the ONNX
-    Runtime backends the onnx and onnxruntime packages; the cuda_* ones a CUDA GPU (bf16
+    Runtime backends the onnx and onnxruntime packages; the OpenVINO ones onnx and openvino
+    (and nncf to quantise); the cuda_* ones a CUDA GPU (bf16
     support for cuda_bf16, triton for cuda_compile). The rest run on any CPU."""
     if backend.startswith("cuda_"):
         if not torch.cuda.is_available():
@@ -95,6 +96,8 @@ def machine_runs(backend: str) -> bool:
         return backend != "cuda_compile" or _installed("triton")
     if backend.startswith("onnxruntime"):
         return _installed("onnx", "onnxruntime")
+    if backend.startswith("openvino"):
+        return _installed("onnx", "openvino") and (backend == "openvino" or _installed("nncf"))
     if backend in ("int8_dynamic", "int8_static"):
         engines = {"x86", "fbgemm", "onednn", "qnnpack"}
         return bool(engines & set(torch.backends.quantized.supported_engines))
@@ -207,6 +210,30 @@ def image_subject() -> Subject:
     example = modality.example(splits.val.items, PROTOCOL)
     recipe = ModelRecipe.of(model_cfg, splits.num_labels)
     return Subject(model.eval(), recipe, val, example, calibration)
+
+
+@pytest.fixture
+def val_data() -> TokenizedTexts:
+    """48 texts of 16 random token ids, every third padded after 10, for the tiny BERT."""
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(1, 100, (48, 16), generator=generator)
+    mask = torch.ones(48, 16, dtype=torch.long)
+    mask[::3, 10:] = 0  # some padded examples
+    return TokenizedTexts(ids, mask, torch.arange(48) % 2)
+
+
+def text_example(data: TokenizedTexts) -> ExampleInputs:
+    """The first text of `data` as the example a text model is exported and timed with."""
+    names = ("input_ids", "attention_mask")
+    dynamic = {name: {0: "batch", 1: "sequence"} for name in names}
+    return ExampleInputs((data.input_ids[:1], data.attention_mask[:1]), names, dynamic)
+
+
+@pytest.fixture
+def text_subject(tiny_bert, val_data) -> Subject:
+    """The random-init tiny BERT to deploy, calibrated on `val_data` in batches of 16."""
+    calibration = [batch.inputs for batch in val_data.batches(16)]
+    return Subject(tiny_bert, TINY_BERT, val_data, text_example(val_data), calibration)
 
 
 def stored_sessions(user_attrs: Mapping[str, Any]) -> dict[str, list[list[list[float]]]]:

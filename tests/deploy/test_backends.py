@@ -10,10 +10,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import COMPILING, PROTOCOL, REPO, TINY_BERT, Subject
+from conftest import COMPILING, PROTOCOL, REPO, TINY_BERT, Subject, text_example
 from omegaconf import OmegaConf
 
-from tuner.data.batches import ExampleInputs
 from tuner.data.tokens import TokenizedTexts
 from tuner.deploy.backends import BACKENDS, Backend
 from tuner.deploy.pipeline import convert, deploy_on, reference_of
@@ -35,6 +34,9 @@ TOLERANCE = {
         "onnxruntime_int8": 0.1,
         "onnxruntime_fused_int8": 0.1,
         "onnxruntime_mixed": 0.1,
+        # bf16 where the CPU has it (`deploy.openvino.precision: auto`).
+        "openvino": 0.05,
+        "openvino_int8": 0.1,
         "cuda_eager": 1e-4,
         "cuda_compile": 1e-4,
         "cuda_fp16": 0.05,
@@ -56,6 +58,8 @@ TOLERANCE = {
         "onnxruntime_int8": 0.8,
         "onnxruntime_int8_static": 0.8,
         "onnxruntime_mixed": 0.8,
+        "openvino": 0.3,
+        "openvino_int8": 0.8,
         # cuDNN convolutions run in TF32 on GPUs that have it (PyTorch's default).
         "cuda_eager": 1e-2,
         "cuda_compile": 1e-2,
@@ -75,27 +79,6 @@ CASES = [
     for name in BACKENDS.names()
     for modality in sorted(BACKENDS.get(name).modalities)
 ]
-
-
-@pytest.fixture
-def val_data() -> TokenizedTexts:
-    generator = torch.Generator().manual_seed(0)
-    ids = torch.randint(1, 100, (48, 16), generator=generator)
-    mask = torch.ones(48, 16, dtype=torch.long)
-    mask[::3, 10:] = 0  # some padded examples
-    return TokenizedTexts(ids, mask, torch.arange(48) % 2)
-
-
-def _example(data: TokenizedTexts) -> ExampleInputs:
-    names = ("input_ids", "attention_mask")
-    dynamic = {name: {0: "batch", 1: "sequence"} for name in names}
-    return ExampleInputs((data.input_ids[:1], data.attention_mask[:1]), names, dynamic)
-
-
-@pytest.fixture
-def text_subject(tiny_bert, val_data) -> Subject:
-    calibration = [batch.inputs for batch in val_data.batches(16)]
-    return Subject(tiny_bert, TINY_BERT, val_data, _example(val_data), calibration)
 
 
 def _deploy_subject(name: str, subject: Subject, workdir, deploy=DEPLOY, timer=None):
@@ -118,7 +101,7 @@ def _deploy_subject(name: str, subject: Subject, workdir, deploy=DEPLOY, timer=N
 def _deploy(name, model, data, workdir, deploy=DEPLOY):
     """Deploy `model` (the tiny BERT) on one backend, against its own eager logits on `data`."""
     return _deploy_subject(
-        name, Subject(model, TINY_BERT, data, _example(data), []), workdir, deploy
+        name, Subject(model, TINY_BERT, data, text_example(data), []), workdir, deploy
     )
 
 
@@ -452,7 +435,7 @@ def test_mixed_precision_keeps_the_layer_int8_hurts_most_in_fp32(text_subject, t
         fragile,
         text_subject.recipe,
         texts,
-        _example(texts),
+        text_example(texts),
         [batch.inputs for batch in texts.batches(16)],
     )
     strict = OmegaConf.merge(per_tensor, {"mixed": {"min_agreement": 1.0}})
@@ -624,9 +607,11 @@ def test_a_pickled_object_in_an_artifact_is_refused(tmp_path, capsys):
     [
         ("deploy.mixed.min_agreement=1.5", "'deploy.mixed.min_agreement': 1.5 must be a share"),
         ("train.group_by_length=sometimes", "'train.group_by_length': 'sometimes' must be true"),
+        ("deploy.openvino.precision=fp16", "'deploy.openvino.precision': 'fp16' must be auto"),
+        ("deploy.openvino.accuracy_control=maybe", "'deploy.openvino.accuracy_control'"),
     ],
 )
-def test_bad_mixed_precision_and_batching_settings_are_refused_at_start_up(override, named):
+def test_bad_deploy_and_batching_settings_are_refused_at_start_up(override, named):
     from tuner.config.compose import compose_config
     from tuner.errors import ConfigError
     from tuner.study.preparation import prepare
@@ -646,7 +631,7 @@ def test_a_compiled_backend_compiles_every_architecture_one_process_loads(val_da
     name = "compile_frozen"
     if BACKENDS.get(name).unavailable_reason():
         pytest.skip(f"{name} is unavailable here: {BACKENDS.get(name).unavailable_reason()}")
-    example = _example(val_data)
+    example = text_example(val_data)
     batch = next(val_data.batches(8)).inputs
     for width in (64, 128, 192, 256, 320):
         model_cfg = copy.deepcopy(TINY_BERT.model)

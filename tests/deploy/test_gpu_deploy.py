@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import run_cli
+from omegaconf import OmegaConf
 
 from tuner.config.compose import compose_config, resolve
 from tuner.config.space import SearchSpace
@@ -47,13 +48,13 @@ def test_a_gpu_backend_in_a_cpu_study_is_refused_naming_both():
         ConfigError,
         match="'cuda_fp16' deploys on cuda, but this study deploys on cpu \\(deploy.device=cpu\\)",
     ):
-        check_backends(["eager", "cuda_fp16"], "text", "cpu", {})
+        check_backends(["eager", "cuda_fp16"], "text", OmegaConf.create({"device": "cpu"}), {})
 
 
 @NO_GPU
 def test_deploying_on_a_gpu_where_there_is_none_is_refused():
     with pytest.raises(ConfigError, match="key 'deploy.device': 'cuda:1' asks for a GPU, but"):
-        check_backends(["cuda_eager"], "text", "cuda:1", {})
+        check_backends(["cuda_eager"], "text", OmegaConf.create({"device": "cuda:1"}), {})
 
 
 @pytest.mark.parametrize("device", ["auto", "gpu", "cuda:"])

@@ -37,6 +37,12 @@ from tuner.insight.profile import OpProfile, profile_torch
         ("aten::permute", "layout/memory"),
         ("ReorderInput", "layout/memory"),
         ("DynamicQuantizeLinear", "quantize"),
+        # OpenVINO's CPU plugin layer types
+        ("FullyConnected", "matmul/conv"),
+        ("MVN", "norm"),
+        ("MulAdd", "elementwise"),
+        ("Reorder", "layout/memory"),
+        ("FakeQuantize", "quantize"),
         ("SomeNewKernel", "other"),
     ],
 )

@@ -4,6 +4,7 @@ an MLflow model."""
 from __future__ import annotations
 
 from tuner.deploy.backends import BACKENDS, unavailable_backends
+from tuner.deploy.backends.support.openvino_runtime import bf16_missing as openvino_bf16_missing
 from tuner.deploy.backends.support.torch_files import load_weights, read_recipe, save_weights
 from tuner.deploy.on_demand import op_table, profile_logged
 from tuner.deploy.pipeline import (
@@ -36,6 +37,7 @@ __all__ = [
     "load_weights",
     "log_point_model",
     "op_table",
+    "openvino_bf16_missing",
     "profile_logged",
     "profile_of",
     "read_recipe",

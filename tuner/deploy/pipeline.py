@@ -119,7 +119,9 @@ class Converted:
 
     @property
     def size_mb(self) -> float:
-        return self.artifact.stat().st_size / 1e6
+        """The artifact's size: its file, or the files of its directory (OpenVINO's)."""
+        files = [self.artifact] if self.artifact.is_file() else self.artifact.rglob("*")
+        return sum(path.stat().st_size for path in files if path.is_file()) / 1e6
 
 
 def convert(

@@ -51,6 +51,7 @@ _REQUIREMENTS = (
     "transformers",
     "tokenizers",
     "onnxruntime",
+    "openvino",
     "omegaconf",
     "pandas",
     "safetensors",

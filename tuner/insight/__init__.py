@@ -3,7 +3,7 @@
 from tuner.insight.graph import GraphDump, dispatched_graph, graph_ops, onnx_graph
 from tuner.insight.op_classes import OP_CLASSES, op_class
 from tuner.insight.point import PointInsight
-from tuner.insight.profile import OpProfile, profile_onnx, profile_torch
+from tuner.insight.profile import PROFILED_RUNS, OpProfile, profile_onnx, profile_torch
 from tuner.insight.roofline import (
     BF16,
     FP32,
@@ -24,6 +24,7 @@ __all__ = [
     "OP_CLASSES",
     "OpProfile",
     "PRECISIONS",
+    "PROFILED_RUNS",
     "PointInsight",
     "dispatched_graph",
     "graph_ops",

@@ -1,5 +1,5 @@
 """A small fixed set of operator classes, and the class of each operator type a deployed graph
-holds (ONNX and ONNX Runtime op types, PyTorch aten names).
+holds (ONNX and ONNX Runtime op types, PyTorch aten names, OpenVINO CPU layer types).
 
 The classes answer "where does the time go" in the terms people tune by: the matmuls and
 convolutions that do the arithmetic, attention, normalisation, activations, other element-wise
@@ -35,6 +35,8 @@ _MEMBERS: dict[str, frozenset[str]] = {
             "linear", "mm", "bmm", "addmm", "matmul", "baddbmm", "conv2d", "convolution",
             "_convolution", "mkldnn_convolution", "quantized_linear", "linear_dynamic",
             "conv2d_relu", "quantized_conv2d",
+            # OpenVINO's CPU plugin
+            "FullyConnected", "Convolution", "GroupConvolution",
         }
     ),
     ATTENTION: frozenset(
@@ -42,6 +44,8 @@ _MEMBERS: dict[str, frozenset[str]] = {
             "Attention", "QAttention", "MultiHeadAttention", "Softmax",
             "scaled_dot_product_attention", "_scaled_dot_product_flash_attention_for_cpu",
             "softmax", "_softmax",
+            # OpenVINO's CPU plugin
+            "ScaledDotProductAttention", "SDPA",
         }
     ),
     NORM: frozenset(
@@ -50,6 +54,8 @@ _MEMBERS: dict[str, frozenset[str]] = {
             "QEmbedLayerNormalization", "SimplifiedLayerNormalization", "BatchNormalization",
             "layer_norm", "native_layer_norm", "batch_norm", "native_batch_norm",
             "_native_batch_norm_legit_no_training",
+            # OpenVINO's CPU plugin
+            "MVN", "RMS",
         }
     ),
     ACTIVATION: frozenset(
@@ -64,11 +70,14 @@ _MEMBERS: dict[str, frozenset[str]] = {
             "Greater", "And", "Or", "ReduceMean", "ReduceSum", "Max", "Min", "Abs", "Exp",
             "add", "add_", "sub", "rsub", "mul", "div", "pow", "sqrt", "neg", "where", "eq",
             "masked_fill", "mean", "sum", "exp", "clamp", "clamp_min",
+            # OpenVINO's CPU plugin (element-wise layers by what they compute, and `Eltwise`)
+            "Eltwise", "Multiply", "Subtract", "Divide", "MulAdd", "Select", "IsNaN", "Power",
+            "PowerStatic", "GreaterEqual", "ReduceProd", "Reduce",
         }
     ),
     POOLING: frozenset(
         {
-            "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool",
+            "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "Pooling",
             "max_pool2d", "max_pool2d_with_indices", "avg_pool2d", "adaptive_avg_pool2d",
         }
     ),
@@ -82,12 +91,16 @@ _MEMBERS: dict[str, frozenset[str]] = {
             "gather",
             "expand", "unsqueeze", "squeeze", "flatten", "split", "t", "as_strided",
             "to_mkldnn", "to_dense",
+            # OpenVINO's CPU plugin
+            "Reorder", "Concatenation", "StridedSlice", "Convert", "ShapeOf", "Broadcast",
+            "GatherElements",
         }
     ),
     QUANTIZE: frozenset(
         {
             "QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear",
             "quantize_per_tensor", "quantize_per_tensor_dynamic", "dequantize",
+            "FakeQuantize",
         }
     ),
 }  # fmt: skip

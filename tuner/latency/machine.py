@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import platform
 import re
 from functools import cache
 from pathlib import Path
@@ -78,3 +79,22 @@ def native_bf16_unavailable() -> str | None:
     if cap in _ONEDNN_ISAS and _ONEDNN_ISAS.index(cap) < _ONEDNN_BF16:
         return f"ONEDNN_MAX_CPU_ISA={cap} keeps oneDNN below its bf16 kernels (AVX512_CORE_BF16)"
     return None
+
+
+@cache
+def cpu_model() -> str:
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+def kernel_caps() -> dict[str, str]:
+    """The caps set on the instruction sets PyTorch's CPU kernels use, oneDNN's
+    (`ONEDNN_MAX_CPU_ISA`) and ATen's vectorised ones (`ATEN_CPU_CAPABILITY`): the same CPU
+    runs the same model at another speed under them."""
+    caps = {"ONEDNN_MAX_CPU_ISA": onednn_isa_cap()}
+    caps["ATEN_CPU_CAPABILITY"] = os.environ.get("ATEN_CPU_CAPABILITY", "").strip().lower() or None
+    return {name: value for name, value in caps.items() if value is not None}

@@ -14,15 +14,11 @@ from __future__ import annotations
 
 import importlib.metadata
 import math
-import os
-import platform
 import subprocess
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
-from functools import cache
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -31,7 +27,7 @@ from omegaconf import DictConfig
 
 from tuner.data import ExampleInputs
 from tuner.devices import gpu_index
-from tuner.latency.machine import isa_flags, onednn_isa_cap
+from tuner.latency.machine import cpu_model, isa_flags, kernel_caps
 from tuner.latency.steadiness import near_floor, reference_for, steadiest_rounds, steady_rounds
 from tuner.registry import Registry
 
@@ -96,19 +92,19 @@ class LatencyProtocol:
             "torch_version": torch.__version__,
             "onnxruntime_version": _version("onnxruntime"),
         }
+        # The OpenVINO backends' runtime and quantiser, where installed (left out where not, as
+        # records made before they were read).
+        for package in OPENVINO_PACKAGES:
+            if _version(package) != "absent":
+                values[f"{package}_version"] = _version(package)
         caps = kernel_caps()
         if caps:  # left out where none is set: records (and keys) made without stay as they were
             values["kernel_caps"] = caps
         return {f"{prefix}{key}": value for key, value in values.items()}
 
 
-def kernel_caps() -> dict[str, str]:
-    """The caps set on the instruction sets PyTorch's CPU kernels use, oneDNN's
-    (`ONEDNN_MAX_CPU_ISA`) and ATen's vectorised ones (`ATEN_CPU_CAPABILITY`): the same CPU
-    runs the same model at another speed under them."""
-    caps = {"ONEDNN_MAX_CPU_ISA": onednn_isa_cap()}
-    caps["ATEN_CPU_CAPABILITY"] = os.environ.get("ATEN_CPU_CAPABILITY", "").strip().lower() or None
-    return {name: value for name, value in caps.items() if value is not None}
+# The packages of the OpenVINO backends, whose versions a protocol record carries.
+OPENVINO_PACKAGES = ("openvino", "nncf")
 
 
 # How `LatencyProtocol.from_config` reads the fields that are no int.
@@ -199,16 +195,6 @@ def _version(package: str) -> str:
         return importlib.metadata.version(package)
     except importlib.metadata.PackageNotFoundError:
         return "absent"
-
-
-@cache
-def cpu_model() -> str:
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.is_file():
-        for line in cpuinfo.read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
 
 
 @contextmanager

@@ -50,6 +50,15 @@ _NOT_IN_DEPLOY_KEY = frozenset({"backend", "device", "latency", "mixed"})
 # raising it extends the table; nor is how its calls are summarised (the rounds are kept whole),
 # nor which rounds are kept: steady ones measure the same latency as any others, with less of
 # the machine's load in them.
+# A `deploy` node and protocol record fields that one family of backends alone reads, by the
+# prefix of its backends' names: in the keys of that family's backends only, so that every other
+# backend's keys stayed as they were when the family came.
+_FAMILY_ONLY: dict[str, tuple[frozenset[str], frozenset[str]]] = {
+    "openvino": (
+        frozenset({"openvino"}),
+        frozenset({"latency.openvino_version", "latency.nncf_version"}),
+    ),
+}
 _NOT_IN_PROTOCOL_KEY = frozenset(
     {
         "latency.max_rounds",
@@ -96,19 +105,30 @@ def latency_key(
         "model": {k: v for k, v in model.items() if k not in _TRAINING_ONLY | sizing},
         "structure": hashlib.sha256(json.dumps(list(structure)).encode()).hexdigest(),
         "backend": backend,
-        "deploy": _deploy_in_key(deploy_cfg),
-        "protocol": _protocol_in_key(protocol_record),
+        "deploy": _deploy_in_key(deploy_cfg, backend),
+        "protocol": _protocol_in_key(protocol_record, backend),
     }
 
 
-def _deploy_in_key(deploy_cfg: DictConfig) -> dict[str, Any]:
+def _other_families(backend: str) -> tuple[frozenset[str], frozenset[str]]:
+    """The `deploy` nodes and protocol fields of the backend families `backend` is not of."""
+    nodes, fields = frozenset(), frozenset()
+    for prefix, (family_nodes, family_fields) in _FAMILY_ONLY.items():
+        if not backend.startswith(prefix):
+            nodes, fields = nodes | family_nodes, fields | family_fields
+    return nodes, fields
+
+
+def _deploy_in_key(deploy_cfg: DictConfig, backend: str) -> dict[str, Any]:
     deploy = OmegaConf.to_container(deploy_cfg, resolve=True)
     assert isinstance(deploy, dict)
-    return {k: v for k, v in deploy.items() if k not in _NOT_IN_DEPLOY_KEY}
+    left_out = _NOT_IN_DEPLOY_KEY | _other_families(backend)[0]
+    return {k: v for k, v in deploy.items() if k not in left_out}
 
 
-def _protocol_in_key(protocol_record: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in protocol_record.items() if k not in _NOT_IN_PROTOCOL_KEY}
+def _protocol_in_key(protocol_record: Mapping[str, Any], backend: str) -> dict[str, Any]:
+    left_out = _NOT_IN_PROTOCOL_KEY | _other_families(backend)[1]
+    return {k: v for k, v in protocol_record.items() if k not in left_out}
 
 
 def stored_key(user_attrs: Mapping[str, Any], digest: str) -> Mapping[str, Any] | None:
@@ -124,9 +144,13 @@ def measured_alike(
     so tuples and lists read alike."""
     if key is None:
         return False
+    backend = str(key.get("backend"))
     here = json.loads(
         json.dumps(
-            {"deploy": _deploy_in_key(deploy_cfg), "protocol": _protocol_in_key(protocol_record)},
+            {
+                "deploy": _deploy_in_key(deploy_cfg, backend),
+                "protocol": _protocol_in_key(protocol_record, backend),
+            },
             default=str,
         )
     )

@@ -7,11 +7,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from optuna.distributions import CategoricalDistribution
 
 from tuner.config import SearchSpace
-from tuner.deploy import BACKENDS, unavailable_backends
+from tuner.deploy import BACKENDS, openvino_bf16_missing, unavailable_backends
 from tuner.devices import resolve_device
 from tuner.errors import ConfigError
 from tuner.keys import BACKEND_KEY
@@ -31,10 +31,12 @@ def deployment_backends(cfg: DictConfig, space: SearchSpace) -> list[str]:
 
 
 def check_backends(
-    backends: Sequence[str], modality: str, deploy_device: str, sources: Mapping[str, str]
+    backends: Sequence[str], modality: str, deploy: DictConfig, sources: Mapping[str, str]
 ) -> None:
     """Each listed backend deploys the modality's models, on the kind of device the study
-    deploys on (`deploy.device`, which must exist here)."""
+    deploys on (`deploy.device`, which must exist here), in a precision this machine has
+    (`deploy.openvino.precision`)."""
+    deploy_device = str(deploy.device)
     device = resolve_device(deploy_device, DEPLOY_DEVICE_KEY)
     for name in backends:
         backend = BACKENDS.get(name)
@@ -50,6 +52,21 @@ def check_backends(
                 f"but this study deploys on {device.type} ({DEPLOY_DEVICE_KEY}={deploy_device})"
                 + defined_in(BACKEND_KEY, sources)
             )
+    _check_openvino_precision(backends, deploy, sources)
+
+
+def _check_openvino_precision(
+    backends: Sequence[str], deploy: DictConfig, sources: Mapping[str, str]
+) -> None:
+    if str(OmegaConf.select(deploy, "openvino.precision", default="auto")) != "bf16":
+        return
+    openvino = [name for name in backends if name.startswith("openvino")]
+    reason = openvino_bf16_missing() if openvino and not unavailable_backends(openvino) else None
+    if reason:
+        raise ConfigError(
+            f"Invalid config: key 'deploy.openvino.precision': bf16, but {reason}; use auto "
+            "(f32 here) or f32" + defined_in("deploy.openvino.precision", sources)
+        )
 
 
 def runnable_backends(

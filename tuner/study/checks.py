@@ -121,6 +121,11 @@ VALUE_RULES: dict[str, Rule] = {
     "deploy.onnx.int8.weight_type": (lambda v: v in ("int8", "uint8"), "must be int8 or uint8"),
     "deploy.onnx.int8.per_channel": BOOLEAN,
     "deploy.onnx.allow_spinning": BOOLEAN,
+    "deploy.openvino.precision": (
+        lambda v: v in ("auto", "f32", "bf16"),
+        "must be auto, f32 or bf16",
+    ),
+    "deploy.openvino.accuracy_control": BOOLEAN,
     "deploy.device": (device_format_ok, "must be cpu, cuda or cuda:N"),
     "deploy.calibration_samples": POSITIVE_INT,
     "deploy.mixed.min_agreement": (

@@ -191,7 +191,7 @@ def ready_study(raw_cfg: DictConfig, sources: Mapping[str, str], overrides: Sequ
     data = load_data(prepared)
     constraints = Constraints.from_config(cfg.study)
     listed = deployment_backends(cfg, prepared.space)
-    check_backends(listed, data.modality.name, str(cfg.deploy.device), sources)
+    check_backends(listed, data.modality.name, cfg.deploy, sources)
     backends, left_out = runnable_backends(listed, sources)
     space = deploy_only_on(prepared.space, backends)
     tracker = Tracker(str(cfg.tracking.uri), str(cfg.tracking.experiment))

@@ -23,7 +23,7 @@ from tuner.trial import messages
 from tuner.trial.context import TrialContext
 
 # Backend -> its latency key in the study's table; None for a backend whose graph depends on
-# the trained weights (`Backend.graph_from_weights`): each of its artifacts is timed on its own.
+# the trained weights (`Backend.follows_weights`): each of its artifacts is timed on its own.
 LatencyKeys = Mapping[str, dict[str, Any] | None]
 
 
@@ -36,7 +36,7 @@ def latency_keys(
     """Each backend's latency key for a model of `structure` (`latency_table.structure_of`)."""
     return {
         backend: None
-        if BACKENDS.get(backend).graph_from_weights
+        if BACKENDS.get(backend).follows_weights(cfg.deploy)
         else latency_key(cfg.model, structure, backend, cfg.deploy, protocol_record)
         for backend in backends
     }

@@ -217,7 +217,8 @@ def _insight(
         else {name: ms for name, ms in result.profile.by_class_ms().items() if ms > 0},
         layout_ops=None if result.graph is None else result.graph.layout_ops,
         flops=trained.flops,
-        precision=BACKENDS.get(result.backend).precision,
+        # A backend whose arithmetic follows a setting says which it took (`openvino`).
+        precision=result.notes.get("precision", BACKENDS.get(result.backend).precision),
         peak_key=peak_key(ctx.protocol_record),
     )
     set_attr(INSIGHT_ATTR, insight.to_attr())

@@ -70,7 +70,8 @@ class Backend:
             the fused operators); logged as `deploy.<name>` tags and `deploy/notes.json`.
         graph_from_weights: the artifact's graph depends on the trained weights (which nodes
             stay fp32, say), so its latency is not the architecture's: each artifact is timed
-            on its own after training, and the study's latency table does not keep it.
+            on its own after training, and the study's latency table does not keep it. A
+            function of the `deploy` config where a setting decides it (`follows_weights`).
         graph: (artifact, its loaded callable, example inputs) -> its operator graph
             (`tuner.insight.graph`): the operators one call dispatches unless the backend ships
             a graph file to read; None where there is no operator graph to dump, with the
@@ -96,7 +97,7 @@ class Backend:
     unavailable_reason: Callable[[], str | None] = lambda: None
     modalities: frozenset[str] = frozenset({"text", "image"})
     describe: Callable[[Path], dict[str, Any]] = lambda artifact: {}
-    graph_from_weights: bool = False
+    graph_from_weights: bool | Callable[[DictConfig], bool] = False
     graph: Callable[[Path, Logits, ExampleInputs], GraphDump] | None = (
         lambda artifact, logits_of, example: dispatched_graph(logits_of, example.tensors)
     )
@@ -107,6 +108,12 @@ class Backend:
     no_profile_reason: str | None = None
     precision: str = FP32
     device: str = "cpu"
+
+    def follows_weights(self, deploy: DictConfig) -> bool:
+        """Whether, under these `deploy` settings, the artifact's graph follows the trained
+        weights (`graph_from_weights`)."""
+        rule = self.graph_from_weights
+        return bool(rule(deploy) if callable(rule) else rule)
 
     def __post_init__(self) -> None:
         if self.device not in DEVICE_PRECISIONS:

@@ -1,0 +1,205 @@
+"""OpenVINO models on the CPU plugin, shared by the OpenVINO backends.
+
+An OpenVINO artifact is a directory: the model in OpenVINO's own format (`model.xml`, its graph,
+and `model.bin`, its weights) and `compile.json`, the properties it is compiled with and what
+the export found out about it. The properties are fixed at export, on the machine that times
+the model, and serving compiles with exactly those: the latency hint, the protocol's threads and
+the inference precision that `deploy.openvino.precision` resolved to (`auto`: OpenVINO's own
+default for this CPU, bf16 where it has native bf16, f32 elsewhere). A model served on another
+machine is then the model that was measured, not one OpenVINO picked again for that machine.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import threading
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from omegaconf import DictConfig
+from torch import nn
+
+from tuner.deploy.backends.base import BACKENDS, Backend, ConversionContext, Logits
+from tuner.deploy.backends.support.onnx_export import exported_onnx
+from tuner.insight import BF16, FP32, PROFILED_RUNS, GraphDump, OpProfile
+
+GRAPH_FILE = "model.xml"
+COMPILE_FILE = "compile.json"
+# `deploy.openvino.precision` -> the inference precision OpenVINO is given; `auto` is resolved
+# to the CPU plugin's own default.
+PRECISIONS = ("auto", "f32", "bf16")
+# OpenVINO's precision names -> the arithmetic a point is judged in (its roofline's peak).
+_JUDGED_AS = {"f32": FP32, "bf16": BF16}
+# Nodes of a compiled model that are no operation: constants and the graph's ends.
+_NOT_OPS = frozenset({"Const", "Constant", "Input", "Parameter", "Output", "Result"})
+
+
+def openvino_missing() -> str | None:
+    if importlib.util.find_spec("openvino") is None:
+        return "the `openvino` package is not installed"
+    return None
+
+
+def _core():
+    import openvino as ov
+
+    return ov.Core()
+
+
+def bf16_missing() -> str | None:
+    """Why OpenVINO's CPU plugin has no native bf16 here, or None where it has."""
+    capabilities = _core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
+    if "BF16" in capabilities:
+        return None
+    return f"OpenVINO's CPU plugin lists no BF16 among this CPU's capabilities ({capabilities})"
+
+
+def inference_precision(setting: str) -> str:
+    """`deploy.openvino.precision` as OpenVINO's name of a precision, `f32` or `bf16`."""
+    if setting not in PRECISIONS:
+        raise ValueError(f"deploy.openvino.precision={setting!r}: must be one of {PRECISIONS}")
+    if setting == "auto":
+        return _core().get_property("CPU", "INFERENCE_PRECISION_HINT").get_type_name()
+    if setting == "bf16" and bf16_missing():
+        raise ValueError(f"deploy.openvino.precision=bf16: {bf16_missing()}")
+    return setting
+
+
+def exported_ir(model: nn.Module, ctx: ConversionContext):
+    """The model as an OpenVINO model, read from its fp32 ONNX export (made once per model)."""
+    return _core().read_model(exported_onnx(model, ctx))
+
+
+def save_artifact(ov_model, directory: Path, deploy: DictConfig, notes: dict[str, Any]) -> Path:
+    """`ov_model` as an artifact directory, with the properties it is compiled with resolved
+    here (`compile.json`) and `notes` beside them."""
+    import openvino as ov
+
+    directory.mkdir(parents=True, exist_ok=True)
+    ov.save_model(ov_model, directory / GRAPH_FILE, compress_to_fp16=False)
+    precision = inference_precision(str(deploy.openvino.precision))
+    properties = {
+        "PERFORMANCE_HINT": "LATENCY",
+        "INFERENCE_NUM_THREADS": int(deploy.latency.num_threads),
+        "INFERENCE_PRECISION_HINT": precision,
+    }
+    settings = {
+        "properties": properties,
+        "openvino_version": ov.__version__,
+        "notes": {"precision": _JUDGED_AS[precision], "inference_precision": precision, **notes},
+    }
+    (directory / COMPILE_FILE).write_text(json.dumps(settings, indent=2))
+    return directory
+
+
+def _settings(artifact: Path) -> dict[str, Any]:
+    return json.loads((artifact / COMPILE_FILE).read_text())
+
+
+def read_notes(artifact: Path) -> dict[str, Any]:
+    """What the export recorded about the artifact: the precision it computes in, and what the
+    backend added (`save_artifact`)."""
+    return dict(_settings(artifact)["notes"])
+
+
+def add_notes(artifact: Path, notes: dict[str, Any]) -> None:
+    """`notes` added to what the artifact records (`read_notes`)."""
+    settings = _settings(artifact)
+    settings["notes"].update(notes)
+    (artifact / COMPILE_FILE).write_text(json.dumps(settings, indent=2))
+
+
+def compiled_model(artifact: Path, profiled: bool = False):
+    """The artifact compiled on the CPU plugin with the properties it was exported with."""
+    properties = dict(_settings(artifact)["properties"])
+    if profiled:
+        properties["PERF_COUNT"] = True
+    core = _core()
+    return core.compile_model(core.read_model(artifact / GRAPH_FILE), "CPU", properties)
+
+
+def _feeds(compiled, tensors: Iterable[torch.Tensor]) -> dict[str, np.ndarray]:
+    return {
+        port.get_any_name(): tensor.numpy()
+        for port, tensor in zip(compiled.inputs, tensors, strict=True)
+    }
+
+
+def load_compiled(artifact: Path, deploy: DictConfig) -> Logits:
+    """A callable running the artifact as compiled at export. One inference request serves
+    every call; a lock keeps calls from threads of a server apart (a request runs one at a
+    time)."""
+    compiled = compiled_model(artifact)
+    request = compiled.create_infer_request()
+    lock = threading.Lock()
+
+    def logits_of(*tensors: torch.Tensor) -> torch.Tensor:
+        with lock:
+            outputs = request.infer(_feeds(compiled, tensors))
+            # The request reuses its output buffer on the next call.
+            return torch.from_numpy(np.array(outputs[0], copy=True))
+
+    return logits_of
+
+
+def runtime_graph(artifact: Path, logits_of: Logits, example) -> GraphDump:
+    """The graph the CPU plugin runs (after its own fusions), one node per executed layer, as
+    its runtime model reports them: layer type, name, precision it runs in."""
+    compiled = compiled_model(artifact)
+    lines, counts = [], defaultdict(int)
+    for node in compiled.get_runtime_model().get_ordered_ops():
+        info = node.get_rt_info()
+        layer = str(info["layerType"].astype(str))
+        if layer in _NOT_OPS:
+            continue
+        counts[layer] += 1
+        precision = str(info["runtimePrecision"].astype(str)) if "runtimePrecision" in info else ""
+        lines.append(f"{len(lines):4d} {layer} {node.get_friendly_name()} [{precision}]")
+    return GraphDump(dict(counts), "\n".join(lines) + "\n")
+
+
+def profile_compiled(artifact: Path, logits_of: Logits, example, deploy: DictConfig) -> OpProfile:
+    """Calls of the artifact compiled with performance counters on: one that warms it, then
+    `PROFILED_RUNS`, of which the run of median length is kept. Rows are the plugin's layer
+    types (`FullyConnected`, `Softmax`, `MVN`, ...), executed layers only."""
+    compiled = compiled_model(artifact, profiled=True)
+    request = compiled.create_infer_request()
+    feeds = _feeds(compiled, example.tensors)
+    request.infer(feeds)
+    calls = []
+    for _ in range(PROFILED_RUNS):
+        request.infer(feeds)
+        rows: dict[str, list[float]] = defaultdict(list)
+        for layer in request.get_profiling_info():
+            if layer.status == layer.Status.EXECUTED and layer.node_type not in _NOT_OPS:
+                rows[layer.node_type].append(layer.real_time.total_seconds() * 1000)
+        calls.append(OpProfile.of((op, len(ms), sum(ms)) for op, ms in rows.items()))
+    return sorted(calls, key=lambda call: call.total_ms)[len(calls) // 2]
+
+
+def register_openvino_backend(
+    name: str,
+    export: Callable[[nn.Module, ConversionContext], Path],
+    precision: str,
+    graph_from_weights: bool | Callable[[DictConfig], bool] = False,
+) -> None:
+    """An OpenVINO backend: its own export, the shared compiled-model loader, graph and
+    profile; `precision` as in `Backend`, where the artifact's notes do not say it."""
+    BACKENDS.register(name)(
+        Backend(
+            name=name,
+            export=export,
+            load=load_compiled,
+            unavailable_reason=openvino_missing,
+            describe=read_notes,
+            graph_from_weights=graph_from_weights,
+            graph=runtime_graph,
+            profile=profile_compiled,
+            precision=precision,
+        )
+    )
