@@ -374,7 +374,10 @@ def print_insight(
             f"{ms:.2f} ({ms / total:.0%})" if ms else "-" for ms in profile.by_class_ms().values()
         )
         layout = "-" if found["graph"] is None else str(found["graph"].layout_ops)
-        precision = BACKENDS.get(name.split()[0]).precision
+        # A backend whose arithmetic follows a setting says which it took (`openvino`).
+        precision = (
+            rows[name].get("notes", {}).get("precision", BACKENDS.get(name.split()[0]).precision)
+        )
         line = roofline(
             roofs.flops, rows[name]["size_mb"] * 1e6, latencies[name].p50_ms, precision, roofs.peak
         )
@@ -387,7 +390,7 @@ def print_insight(
 
 def describe(notes: dict) -> str:
     """A backend's notes in a line: fused operators, merged attention projections, nodes kept
-    in fp32."""
+    in fp32, OpenVINO's precision and the layers it keeps out of int8."""
     parts = []
     if "fused_ops" in notes:
         fused = notes["fused_ops"]
@@ -402,6 +405,18 @@ def describe(notes: dict) -> str:
             f"{len(kept)} of {len(kept) + notes['int8_nodes']} quantisable nodes kept in fp32 "
             f"({', '.join(kept) or 'none'}), agreement on training inputs "
             f"{notes['train_agreement']:.1%}"
+        )
+    if "inference_precision" in notes:
+        parts.append(f"compiled in {notes['inference_precision']}")
+    if "int8_layers" in notes:
+        higher = notes["higher_precision_layers"]
+        parts.append(
+            f"{notes['int8_layers']} weighted layers in int8, {len(higher)} in higher precision"
+        )
+    if "held_aside_agreement" in notes:
+        parts.append(
+            f"agreement on {notes['held_aside_examples']} held-aside training inputs "
+            f"{notes['held_aside_agreement']:.1%}"
         )
     return "; ".join(parts)
 

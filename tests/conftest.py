@@ -182,6 +182,11 @@ class Subject:
 
 @pytest.fixture(scope="session")
 def image_subject() -> Subject:
+    """`digits_subject`, trained once for the session."""
+    return digits_subject()
+
+
+def digits_subject() -> Subject:
     """A slim ResNet trained for one epoch on digits (70-85% validation accuracy, by the CPU
     it is trained on), so that its predictions are confident enough for int8 agreement to mean
     something."""

@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 import torch
-from conftest import TINY_BERT, Subject, cpu_flags, machine_runs, text_example
+from conftest import REPO, TINY_BERT, Subject, cpu_flags, machine_runs, text_example
 from omegaconf import OmegaConf
 from test_backends import DEPLOY, _deploy_subject, _near_the_boundary_with_one_fragile_layer
 
@@ -105,6 +105,7 @@ def _held_aside_agreement(subject: Subject, artifact, deploy) -> float:
     return float((int8 == fp32).float().mean())
 
 
+@pytest.mark.slow
 def test_accuracy_control_keeps_layers_in_higher_precision_until_the_agreement_is_reached(
     image_subject, tmp_path
 ):
@@ -141,6 +142,7 @@ def test_accuracy_control_keeps_layers_in_higher_precision_until_the_agreement_i
     assert BACKENDS.get("openvino_int8").follows_weights(controlled_cfg)
 
 
+@pytest.mark.slow
 def test_accuracy_control_on_a_transformer_puts_the_layer_int8_hurts_most_back(
     text_subject, tmp_path
 ):
@@ -168,6 +170,7 @@ def test_accuracy_control_on_a_transformer_puts_the_layer_int8_hurts_most_back(
     assert result.notes["held_aside_agreement"] == 1.0
 
 
+@pytest.mark.slow
 def test_the_held_aside_agreement_recorded_is_the_artifact_s_as_deployed(image_subject, tmp_path):
     """In bf16 where the CPU has it: the agreement is measured again on the compiled artifact,
     not taken from NNCF's check, which computes unquantised layers in f32."""
@@ -290,3 +293,60 @@ def test_nncf_reports_nothing_from_a_study_s_process():
     )
     assert ran.returncode == 0, ran.stderr
     assert ran.stdout.strip() == "True"
+
+
+def test_without_nncf_only_the_int8_backend_is_left_out_saying_why(monkeypatch):
+    monkeypatch.setitem(sys.modules, "nncf", None)  # what find_spec reads as not installed
+    assert BACKENDS.get("openvino_int8").unavailable_reason() == (
+        "the `nncf` package is not installed"
+    )
+    assert BACKENDS.get("openvino").unavailable_reason() is None
+
+
+_STOPPED_AFTER_NNCF = """
+import gc, os, signal, sys
+from pathlib import Path
+sys.path[:0] = [{tests!r}, {deploy!r}]
+from omegaconf import OmegaConf
+from conftest import digits_subject
+from test_backends import DEPLOY, _deploy_subject
+from tuner.interrupts import Terminated, interruptible
+
+subject = digits_subject()
+f32 = OmegaConf.merge(DEPLOY, {{"openvino": {{"precision": "f32"}}}})
+controlled = OmegaConf.merge(
+    f32, {{"openvino": {{"accuracy_control": True}}, "mixed": {{"min_agreement": 1.0}}}}
+)
+# Plain, then with accuracy control, whose Cores NNCF drops out of the order it made them.
+for name, deploy in (("plain", f32), ("controlled", controlled)):
+    result = _deploy_subject("openvino_int8", subject, Path({workdir!r}) / name, deploy)
+    assert result.error is None, result.error
+del result
+gc.collect()  # what NNCF made and dropped is gone, as it is by the time a study is stopped
+with interruptible():
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)
+        for _ in range(100_000):
+            pass
+    except Terminated:
+        print("stopped")
+"""
+
+
+@pytest.mark.slow
+def test_a_signal_after_nncf_quantised_stops_the_process_as_usual(tmp_path):
+    """NNCF makes and drops OpenVINO Cores out of order, which left the thread's alternate
+    signal stack on freed memory: the SIGTERM (or Ctrl-C) that should stop a study cleanly
+    crashed it. In a process of its own, so that a crash is the process's, not the suite's."""
+    code = _STOPPED_AFTER_NNCF.format(
+        tests=str(REPO / "tests"), deploy=str(REPO / "tests" / "deploy"), workdir=str(tmp_path)
+    )
+    ran = subprocess.run(
+        [sys.executable, "-X", "faulthandler", "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+    )
+    assert ran.returncode == 0, (ran.returncode, ran.stderr[-2000:])
+    assert ran.stdout.strip().splitlines()[-1] == "stopped"

@@ -36,7 +36,7 @@ _MEMBERS: dict[str, frozenset[str]] = {
             "_convolution", "mkldnn_convolution", "quantized_linear", "linear_dynamic",
             "conv2d_relu", "quantized_conv2d",
             # OpenVINO's CPU plugin
-            "FullyConnected", "Convolution", "GroupConvolution",
+            "FullyConnected", "FullyConnectedQuantizedLegacy", "Convolution", "GroupConvolution",
         }
     ),
     ATTENTION: frozenset(

@@ -79,7 +79,8 @@ class Backend:
         no_graph_reason: why a backend without `graph` has none (recorded on its points).
         precision: what its matmuls and convolutions compute in (`fp32`, `bf16`, `int8`, and
             on a GPU `fp16`): the machine peak its roofline is drawn against
-            (`tuner.insight.roofline`).
+            (`tuner.insight.roofline`). A backend whose arithmetic follows a setting says
+            which it took as `precision` in what `describe` returns, which wins.
         profile: (artifact, its loaded callable, example inputs, `deploy` config) -> one
             call's time by operator (`tuner.insight.profile`); PyTorch's profiler on the
             loaded callable unless the backend has a profiler of its own; None where no

@@ -11,11 +11,14 @@ machine is then the model that was measured, not one OpenVINO picked again for t
 
 from __future__ import annotations
 
+import ctypes
 import importlib.util
 import json
 import threading
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -39,16 +42,50 @@ _JUDGED_AS = {"f32": FP32, "bf16": BF16}
 _NOT_OPS = frozenset({"Const", "Constant", "Input", "Parameter", "Output", "Result"})
 
 
-def openvino_missing() -> str | None:
-    if importlib.util.find_spec("openvino") is None:
-        return "the `openvino` package is not installed"
+def missing(packages: Iterable[str]) -> str | None:
+    """Why a backend needing `packages` cannot run here, or None where they are installed."""
+    for package in packages:
+        if importlib.util.find_spec(package) is None:
+            return f"the `{package}` package is not installed"
     return None
 
 
+@cache
 def _core():
+    """The process's one OpenVINO Core, kept for its life (see `kept_signal_stack`)."""
     import openvino as ov
 
     return ov.Core()
+
+
+class _SignalStack(ctypes.Structure):
+    """`stack_t` of sigaltstack(2)."""
+
+    _fields_ = [
+        ("ss_sp", ctypes.c_void_p),
+        ("ss_flags", ctypes.c_int),
+        ("ss_size", ctypes.c_size_t),
+    ]
+
+
+@contextmanager
+def kept_signal_stack() -> Iterator[None]:
+    """The thread's alternate signal stack as it was before the block, set again after it.
+
+    Each CPU plugin instance (one per OpenVINO Core) points the thread's alternate signal stack
+    at memory of its own when it is made, and back at the stack it found when it is destroyed.
+    Cores destroyed out of the order they were made (NNCF makes and drops several while it
+    quantises) leave it pointing at a destroyed plugin's memory; Python runs its signal handlers
+    on that stack, so the next Ctrl-C or SIGTERM crashed the process instead of stopping the
+    study. The stack found before the block belongs to what outlives it: Python's own
+    (faulthandler) or this process's one Core."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    before = _SignalStack()
+    libc.sigaltstack(None, ctypes.byref(before))
+    try:
+        yield
+    finally:
+        libc.sigaltstack(ctypes.byref(before), None)
 
 
 def bf16_missing() -> str | None:
@@ -187,15 +224,17 @@ def register_openvino_backend(
     export: Callable[[nn.Module, ConversionContext], Path],
     precision: str,
     graph_from_weights: bool | Callable[[DictConfig], bool] = False,
+    packages: tuple[str, ...] = ("onnx", "openvino"),
 ) -> None:
     """An OpenVINO backend: its own export, the shared compiled-model loader, graph and
-    profile; `precision` as in `Backend`, where the artifact's notes do not say it."""
+    profile; `precision` as in `Backend`, where the artifact's notes do not say it; `packages`,
+    what it needs installed (the ONNX export's and OpenVINO's)."""
     BACKENDS.register(name)(
         Backend(
             name=name,
             export=export,
             load=load_compiled,
-            unavailable_reason=openvino_missing,
+            unavailable_reason=lambda: missing(packages),
             describe=read_notes,
             graph_from_weights=graph_from_weights,
             graph=runtime_graph,
