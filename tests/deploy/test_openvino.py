@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 import torch
-from conftest import REPO, TINY_BERT, Subject, cpu_flags, machine_runs, text_example
+from conftest import REPO, TINY_BERT, Subject, machine_runs, text_example
 from omegaconf import OmegaConf
 from test_backends import DEPLOY, _deploy_subject, _near_the_boundary_with_one_fragile_layer
 
@@ -36,9 +36,10 @@ def _compiled_precision(artifact) -> str:
 
 
 def _native_bf16() -> bool:
-    """What OpenVINO's CPU plugin computes in by default, worked out from the CPU's flags:
-    bf16 where it has AVX-512 BF16 or AMX, f32 elsewhere."""
-    return bool(cpu_flags() & {"avx512_bf16", "amx_bf16"})
+    """Whether `auto` computes in bf16, worked out from the CPU's flags and the oneDNN cap
+    (`machine_runs("bf16")`): bf16 where the CPU has AVX-512 BF16 or AMX and oneDNN is not
+    capped below its bf16 kernels, f32 elsewhere."""
+    return machine_runs("bf16")
 
 
 def test_auto_precision_is_bf16_exactly_where_the_cpu_has_it_and_recorded(text_subject, tmp_path):

@@ -30,6 +30,7 @@ from torch import nn
 from tuner.deploy.backends.base import BACKENDS, Backend, ConversionContext, Logits
 from tuner.deploy.backends.support.onnx_export import exported_onnx
 from tuner.insight import BF16, FP32, PROFILED_RUNS, GraphDump, OpProfile
+from tuner.latency import native_bf16_unavailable
 
 GRAPH_FILE = "model.xml"
 COMPILE_FILE = "compile.json"
@@ -89,11 +90,13 @@ def kept_signal_stack() -> Iterator[None]:
 
 
 def bf16_missing() -> str | None:
-    """Why OpenVINO's CPU plugin has no native bf16 here, or None where it has."""
+    """Why OpenVINO's CPU plugin has no native bf16 here, or None where it has. The plugin's
+    oneDNN obeys ONEDNN_MAX_CPU_ISA as PyTorch's does (below its bf16 kernels, compiling a
+    model in bf16 fails), while its capabilities still list BF16: both are asked."""
     capabilities = _core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
-    if "BF16" in capabilities:
-        return None
-    return f"OpenVINO's CPU plugin lists no BF16 among this CPU's capabilities ({capabilities})"
+    if "BF16" not in capabilities:
+        return f"OpenVINO's CPU plugin lists no BF16 among this CPU's capabilities ({capabilities})"
+    return native_bf16_unavailable()
 
 
 def inference_precision(setting: str) -> str:
@@ -101,7 +104,12 @@ def inference_precision(setting: str) -> str:
     if setting not in PRECISIONS:
         raise ValueError(f"deploy.openvino.precision={setting!r}: must be one of {PRECISIONS}")
     if setting == "auto":
-        return _core().get_property("CPU", "INFERENCE_PRECISION_HINT").get_type_name()
+        # The plugin's own default: bf16 on x86 CPUs with native bf16, f32 on other x86 ones;
+        # f16 on Arm, which tuner has no peak for and so takes f32 there, as the docs say.
+        default = _core().get_property("CPU", "INFERENCE_PRECISION_HINT").get_type_name()
+        if default == "bf16" and bf16_missing():
+            return "f32"
+        return default if default in _JUDGED_AS else "f32"
     if setting == "bf16" and bf16_missing():
         raise ValueError(f"deploy.openvino.precision=bf16: {bf16_missing()}")
     return setting
