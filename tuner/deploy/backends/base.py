@@ -7,6 +7,7 @@ latency are measured is the artifact that is logged and shipped, not an in-memor
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -147,6 +148,14 @@ def unavailable_backends(names: Sequence[str]) -> dict[str, str]:
     """Of the backends `names`, those this machine cannot run, each with its reason."""
     reasons = {name: BACKENDS.get(name).unavailable_reason() for name in names}
     return {name: reason for name, reason in reasons.items() if reason}
+
+
+def packages_missing(packages: Sequence[str]) -> str | None:
+    """Why a backend needing `packages` cannot run here, or None where they are installed."""
+    for package in packages:
+        if importlib.util.find_spec(package) is None:
+            return f"the `{package}` package is not installed"
+    return None
 
 
 def calibration_batches(ctx: ConversionContext) -> Sequence[tuple[torch.Tensor, ...]]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import warnings
 from collections.abc import Callable, Iterator
@@ -15,18 +14,17 @@ import torch
 from omegaconf import DictConfig
 from torch import nn
 
-from tuner.deploy.backends.base import BACKENDS, Backend, ConversionContext, Logits
+from tuner.deploy.backends.base import (
+    BACKENDS,
+    Backend,
+    ConversionContext,
+    Logits,
+    packages_missing,
+)
 from tuner.insight import FP32, onnx_graph, profile_onnx
 from tuner.latency import has_vnni
 
 _NUMPY_TYPES = {"tensor(int64)": np.int64, "tensor(float)": np.float32}
-
-
-def onnxruntime_missing() -> str | None:
-    for package in ("onnx", "onnxruntime"):
-        if importlib.util.find_spec(package) is None:
-            return f"the `{package}` package is not installed"
-    return None
 
 
 def export_onnx(model: nn.Module, ctx: ConversionContext, path: Path) -> Path:
@@ -174,7 +172,7 @@ def register_onnx_backend(
             name=name,
             export=export,
             load=load_session,
-            unavailable_reason=onnxruntime_missing,
+            unavailable_reason=lambda: packages_missing(("onnx", "onnxruntime")),
             modalities=modalities,
             describe=describe,
             graph_from_weights=graph_from_weights,

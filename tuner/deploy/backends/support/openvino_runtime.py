@@ -12,7 +12,6 @@ machine is then the model that was measured, not one OpenVINO picked again for t
 from __future__ import annotations
 
 import ctypes
-import importlib.util
 import json
 import threading
 from collections import defaultdict
@@ -27,7 +26,13 @@ import torch
 from omegaconf import DictConfig
 from torch import nn
 
-from tuner.deploy.backends.base import BACKENDS, Backend, ConversionContext, Logits
+from tuner.deploy.backends.base import (
+    BACKENDS,
+    Backend,
+    ConversionContext,
+    Logits,
+    packages_missing,
+)
 from tuner.deploy.backends.support.onnx_export import exported_onnx
 from tuner.insight import BF16, FP32, PROFILED_RUNS, GraphDump, OpProfile
 from tuner.latency import native_bf16_unavailable
@@ -41,14 +46,6 @@ PRECISIONS = ("auto", "f32", "bf16")
 _JUDGED_AS = {"f32": FP32, "bf16": BF16}
 # Nodes of a compiled model that are no operation: constants and the graph's ends.
 _NOT_OPS = frozenset({"Const", "Constant", "Input", "Parameter", "Output", "Result"})
-
-
-def missing(packages: Iterable[str]) -> str | None:
-    """Why a backend needing `packages` cannot run here, or None where they are installed."""
-    for package in packages:
-        if importlib.util.find_spec(package) is None:
-            return f"the `{package}` package is not installed"
-    return None
 
 
 @cache
@@ -110,8 +107,9 @@ def inference_precision(setting: str) -> str:
         if default == "bf16" and bf16_missing():
             return "f32"
         return default if default in _JUDGED_AS else "f32"
-    if setting == "bf16" and bf16_missing():
-        raise ValueError(f"deploy.openvino.precision=bf16: {bf16_missing()}")
+    reason = bf16_missing() if setting == "bf16" else None
+    if reason:
+        raise ValueError(f"deploy.openvino.precision=bf16: {reason}")
     return setting
 
 
@@ -189,13 +187,15 @@ def load_compiled(artifact: Path, deploy: DictConfig) -> Logits:
             # The request reuses its output buffer on the next call.
             return torch.from_numpy(np.array(outputs[0], copy=True))
 
+    # What `runtime_graph` reads, instead of compiling the artifact again.
+    logits_of.compiled = compiled
     return logits_of
 
 
 def runtime_graph(artifact: Path, logits_of: Logits, example) -> GraphDump:
     """The graph the CPU plugin runs (after its own fusions), one node per executed layer, as
     its runtime model reports them: layer type, name, precision it runs in."""
-    compiled = compiled_model(artifact)
+    compiled = logits_of.compiled
     lines, counts = [], defaultdict(int)
     for node in compiled.get_runtime_model().get_ordered_ops():
         info = node.get_rt_info()
@@ -242,7 +242,7 @@ def register_openvino_backend(
             name=name,
             export=export,
             load=load_compiled,
-            unavailable_reason=lambda: missing(packages),
+            unavailable_reason=lambda: packages_missing(packages),
             describe=read_notes,
             graph_from_weights=graph_from_weights,
             graph=runtime_graph,
