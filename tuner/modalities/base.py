@@ -57,9 +57,5 @@ class Modality(ABC):
     def serving_input(items: Sequence[Any]) -> Any:
         """Raw examples in the form the logged model's `predict` takes."""
 
-    @abstractmethod
-    def items_of(self, model_input: Any) -> Sequence[Any]:
-        """The raw examples in a `predict` input; raises ValueError on a malformed one."""
-
 
 MODALITIES: Registry[type[Modality]] = Registry("data.source")

@@ -19,13 +19,7 @@ from tuner.data import ExampleInputs, ImageTensors, Splits
 from tuner.errors import ConfigError
 from tuner.latency import LatencyProtocol
 from tuner.modalities.base import MODALITIES, Modality
-
-_SETTINGS = "image_inputs.json"
-
-
-def _with_channels(images: np.ndarray) -> np.ndarray:
-    """(N, H, W) greyscale gets its channel axis: (N, 1, H, W)."""
-    return images[:, None] if images.ndim == 3 else images
+from tuner.serving import IMAGE_SETTINGS, ServingImages, with_channels
 
 
 @MODALITIES.register("image")
@@ -39,7 +33,7 @@ class ImageModality(Modality):
 
     @classmethod
     def from_config(cls, cfg: DictConfig, splits: Splits) -> ImageModality:
-        pixels = _with_channels(np.asarray(splits.train.items, dtype=np.float32))
+        pixels = with_channels(np.asarray(splits.train.items, dtype=np.float32))
         if pixels.ndim != 4:
             raise ConfigError(
                 f"Invalid data in {splits.origin}: images must be (N, H, W) or (N, C, H, W), "
@@ -59,17 +53,13 @@ class ImageModality(Modality):
         """Image models take every training knob, cutmix included."""
 
     def encode(self, items: Sequence[Any], labels: Sequence[int] | None = None) -> ImageTensors:
-        pixels = _with_channels(np.asarray(items, dtype=np.float32))
-        if pixels.shape[1:] != self.shape:
-            raise ValueError(
-                f"expected images of shape {self.shape} (or {self.shape[1:]} for one channel), "
-                f"got {pixels.shape[1:]}"
-            )
-        images = (torch.from_numpy(pixels.copy()) - self.mean) / self.std
+        # Standardised by serving's own code, so that training and serving see the same pixels.
+        served = ServingImages(self.shape, self.mean, self.std)
+        images = torch.from_numpy(served.standardised(items))
         targets = (
             torch.tensor(list(labels), dtype=torch.long)
             if labels is not None
-            else torch.zeros(len(pixels), dtype=torch.long)
+            else torch.zeros(len(images), dtype=torch.long)
         )
         return ImageTensors(images, targets)
 
@@ -82,11 +72,11 @@ class ImageModality(Modality):
 
     def save(self, directory: Path) -> None:
         settings = {"shape": list(self.shape), "mean": self.mean, "std": self.std}
-        (directory / _SETTINGS).write_text(json.dumps(settings))
+        (directory / IMAGE_SETTINGS).write_text(json.dumps(settings))
 
     @classmethod
     def load(cls, directory: Path) -> ImageModality:
-        settings = json.loads((directory / _SETTINGS).read_text())
+        settings = json.loads((directory / IMAGE_SETTINGS).read_text())
         return cls(tuple(settings["shape"]), float(settings["mean"]), float(settings["std"]))
 
     def signature(self) -> ModelSignature:
@@ -100,6 +90,3 @@ class ImageModality(Modality):
     @staticmethod
     def serving_input(items: Sequence[Any]) -> np.ndarray:
         return np.asarray(items, dtype=np.float32)
-
-    def items_of(self, model_input: Any) -> np.ndarray:
-        return np.asarray(model_input, dtype=np.float32)

@@ -17,9 +17,7 @@ from tuner.data import ExampleInputs, Splits, TokenizedTexts, tokenize_texts
 from tuner.errors import ConfigError
 from tuner.latency import LatencyProtocol
 from tuner.modalities.base import MODALITIES, Modality
-
-TEXT_COLUMN = "text"
-_SETTINGS = "text_inputs.json"
+from tuner.serving import TEXT_COLUMN, TEXT_SETTINGS
 
 
 @MODALITIES.register("text")
@@ -77,13 +75,13 @@ class TextModality(Modality):
 
     def save(self, directory: Path) -> None:
         self.tokenizer.save_pretrained(str(directory))
-        (directory / _SETTINGS).write_text(json.dumps({"max_length": self.max_length}))
+        (directory / TEXT_SETTINGS).write_text(json.dumps({"max_length": self.max_length}))
 
     @classmethod
     def load(cls, directory: Path) -> TextModality:
         from transformers import AutoTokenizer
 
-        settings = json.loads((directory / _SETTINGS).read_text())
+        settings = json.loads((directory / TEXT_SETTINGS).read_text())
         return cls(AutoTokenizer.from_pretrained(str(directory)), int(settings["max_length"]))
 
     def signature(self) -> ModelSignature:
@@ -95,14 +93,3 @@ class TextModality(Modality):
     @staticmethod
     def serving_input(items: Sequence[Any]) -> pd.DataFrame:
         return pd.DataFrame({TEXT_COLUMN: [str(item) for item in items]})
-
-    def items_of(self, model_input: Any) -> list[str]:
-        if isinstance(model_input, pd.DataFrame):
-            if TEXT_COLUMN not in model_input.columns:
-                raise ValueError(
-                    f"expected a column '{TEXT_COLUMN}', got {list(model_input.columns)}"
-                )
-            return [str(t) for t in model_input[TEXT_COLUMN]]
-        if isinstance(model_input, str):
-            return [model_input]
-        return [str(t) for t in model_input]

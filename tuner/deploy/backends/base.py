@@ -29,6 +29,7 @@ from tuner.insight import (
 )
 from tuner.models import ModelRecipe
 from tuner.registry import Registry
+from tuner.serving import RUNTIMES
 
 # Model inputs (token ids and attention mask, or images) -> logits.
 Logits = Callable[..., torch.Tensor]
@@ -91,6 +92,10 @@ class Backend:
             chooses which kind a study deploys on). A `cuda` backend's loaded callable takes
             and gives CPU tensors, as serving calls it, and has a `device` attribute, the GPU
             it runs on, by which the latency protocol times it with CUDA events.
+        runtime: the runtime of `tuner.serving` that runs its artifacts without PyTorch (its
+            `load` is then `runtime_loader(runtime)`, so that what is served is what was
+            measured), or None where the artifact runs on PyTorch. Its logged models require
+            that runtime and not PyTorch.
     """
 
     name: str
@@ -110,6 +115,7 @@ class Backend:
     no_profile_reason: str | None = None
     precision: str = FP32
     device: str = "cpu"
+    runtime: str | None = None
 
     def follows_weights(self, deploy: DictConfig) -> bool:
         """Whether, under these `deploy` settings, the artifact's graph follows the trained
@@ -156,6 +162,23 @@ def packages_missing(packages: Sequence[str]) -> str | None:
         if importlib.util.find_spec(package) is None:
             return f"the `{package}` package is not installed"
     return None
+
+
+def runtime_loader(runtime: str) -> Callable[[Path, DictConfig], Logits]:
+    """The loader of a backend whose artifacts `runtime` serves: the runner serving loads,
+    with tensors in and out (kept as the callable's `runner`, for what reads the runtime's own
+    objects)."""
+
+    def load(artifact: Path, deploy: DictConfig) -> Logits:
+        runner = RUNTIMES.get(runtime).load(artifact, deploy)
+
+        def logits_of(*tensors: torch.Tensor) -> torch.Tensor:
+            return torch.from_numpy(runner(*(tensor.numpy() for tensor in tensors)))
+
+        logits_of.runner = runner
+        return logits_of
+
+    return load
 
 
 def calibration_batches(ctx: ConversionContext) -> Sequence[tuple[torch.Tensor, ...]]:

@@ -32,7 +32,6 @@ from torch import nn
 from tuner.deploy.backends.base import ConversionContext, calibration_batches
 from tuner.deploy.backends.support.openvino_runtime import (
     add_notes,
-    compiled_model,
     exported_ir,
     kept_signal_stack,
     register_openvino_backend,
@@ -40,6 +39,7 @@ from tuner.deploy.backends.support.openvino_runtime import (
 )
 from tuner.insight import INT8
 from tuner.models import MODEL_FAMILIES
+from tuner.serving import openvino as openvino_serving
 
 # Layers that carry weights, and the ops a weight passes through on its way to one (an int8
 # weight is a constant converted, shifted by its zero point and scaled).
@@ -188,7 +188,7 @@ def _export(model: nn.Module, ctx: ConversionContext) -> Path:
     if examples:
         # NNCF checks agreement with the unquantised layers in f32; the artifact computes them
         # in `deploy.openvino.precision`, so what it reaches as deployed is measured again.
-        reached, _ = _agreement(compiled_model(artifact), examples)
+        reached, _ = _agreement(openvino_serving.compiled_model(artifact), examples)
         add_notes(artifact, {"held_aside_examples": len(examples), "held_aside_agreement": reached})
     return artifact
 

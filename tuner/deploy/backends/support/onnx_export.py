@@ -1,4 +1,5 @@
-"""ONNX export and ONNX Runtime sessions, shared by the ONNX Runtime backends."""
+"""ONNX export, shared by the ONNX Runtime and OpenVINO backends; ONNX Runtime sessions are
+`tuner.serving.onnxruntime`'s, which serving opens too."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from omegaconf import DictConfig
 from torch import nn
@@ -18,13 +18,12 @@ from tuner.deploy.backends.base import (
     BACKENDS,
     Backend,
     ConversionContext,
-    Logits,
     packages_missing,
+    runtime_loader,
 )
 from tuner.insight import FP32, onnx_graph, profile_onnx
 from tuner.latency import has_vnni
-
-_NUMPY_TYPES = {"tensor(int64)": np.int64, "tensor(float)": np.float32}
+from tuner.serving import onnxruntime as onnxruntime_serving
 
 
 def export_onnx(model: nn.Module, ctx: ConversionContext, path: Path) -> Path:
@@ -109,51 +108,16 @@ def quiet_root_logger() -> Iterator[None]:
         root.setLevel(level)
 
 
-def open_session(path: Path, deploy: DictConfig, profile_prefix: str | None = None):
-    """An ONNX Runtime CPU session on the ONNX file, with the latency protocol's thread count
-    (profiling into files named `profile_prefix*` when given), and a function turning the
-    model's input tensors into its feeds."""
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = int(deploy.latency.num_threads)
-    options.inter_op_num_threads = 1
-    # Whether idle intra-op threads busy-wait for the next call or sleep. Points logged before
-    # the setting existed were timed with ONNX Runtime's default, spinning, and are served so.
-    spinning = "1" if deploy.onnx.get("allow_spinning", True) else "0"
-    options.add_session_config_entry("session.intra_op.allow_spinning", spinning)
-    options.log_severity_level = 3
-    if profile_prefix is not None:
-        options.enable_profiling = True
-        options.profile_file_prefix = profile_prefix
-    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-
-    # The graph's inputs in the order the model takes them, with the dtype each expects.
-    inputs = [(i.name, _NUMPY_TYPES[i.type]) for i in session.get_inputs()]
-
-    def feeds_of(tensors: tuple[torch.Tensor, ...]) -> dict[str, np.ndarray]:
-        return {
-            name: tensor.numpy().astype(dtype)
-            for (name, dtype), tensor in zip(inputs, tensors, strict=True)
-        }
-
-    return session, feeds_of
-
-
-def load_session(path: Path, deploy: DictConfig) -> Logits:
-    """A callable running the ONNX file in ONNX Runtime's CPU provider."""
-    session, feeds_of = open_session(path, deploy)
-
-    def logits_of(*tensors: torch.Tensor) -> torch.Tensor:
-        return torch.from_numpy(session.run(None, feeds_of(tensors))[0])
-
-    return logits_of
+# A callable running an ONNX file in ONNX Runtime's CPU provider: what serving runs.
+load_session = runtime_loader("onnxruntime")
 
 
 def profile_session(path: Path, deploy: DictConfig, tensors: tuple[torch.Tensor, ...]):
     """One call of the ONNX file, profiled by ONNX Runtime in a session of its own."""
     return profile_onnx(
-        lambda artifact, prefix: open_session(artifact, deploy, prefix), path, tensors
+        lambda artifact, prefix: onnxruntime_serving.open_session(artifact, deploy, prefix),
+        path,
+        tensors,
     )
 
 
@@ -177,6 +141,7 @@ def register_onnx_backend(
             describe=describe,
             graph_from_weights=graph_from_weights,
             graph=lambda artifact, logits_of, example: onnx_graph(artifact),
+            runtime="onnxruntime",
             precision=precision,
             profile=lambda artifact, logits_of, example, deploy: profile_session(
                 artifact, deploy, example.tensors

@@ -1,28 +1,22 @@
-"""OpenVINO models on the CPU plugin, shared by the OpenVINO backends.
+"""OpenVINO export, graph and profile, shared by the OpenVINO backends; the artifact's format
+and how it is compiled and run are `tuner.serving.openvino`'s, which serving runs too.
 
-An OpenVINO artifact is a directory: the model in OpenVINO's own format (`model.xml`, its graph,
-and `model.bin`, its weights) and `compile.json`, the properties it is compiled with and what
-the export found out about it. The properties are fixed at export, on the machine that times
-the model, and serving compiles with exactly those: the latency hint, the protocol's threads and
-the inference precision that `deploy.openvino.precision` resolved to (`auto`: OpenVINO's own
-default for this CPU, bf16 where it has native bf16, f32 elsewhere). A model served on another
-machine is then the model that was measured, not one OpenVINO picked again for that machine.
+The properties an artifact is compiled with are fixed at export, on the machine that times the
+model: the latency hint, the protocol's threads and the inference precision that
+`deploy.openvino.precision` resolved to (`auto`: OpenVINO's own default for this CPU, bf16 where
+it has native bf16, f32 elsewhere).
 """
 
 from __future__ import annotations
 
 import ctypes
 import json
-import threading
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from functools import cache
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import torch
 from omegaconf import DictConfig
 from torch import nn
 
@@ -32,13 +26,13 @@ from tuner.deploy.backends.base import (
     ConversionContext,
     Logits,
     packages_missing,
+    runtime_loader,
 )
 from tuner.deploy.backends.support.onnx_export import exported_onnx
 from tuner.insight import BF16, FP32, PROFILED_RUNS, GraphDump, OpProfile
 from tuner.latency import native_bf16_unavailable
+from tuner.serving import openvino as openvino_serving
 
-GRAPH_FILE = "model.xml"
-COMPILE_FILE = "compile.json"
 # `deploy.openvino.precision` -> the inference precision OpenVINO is given; `auto` is resolved
 # to the CPU plugin's own default.
 PRECISIONS = ("auto", "f32", "bf16")
@@ -46,14 +40,6 @@ PRECISIONS = ("auto", "f32", "bf16")
 _JUDGED_AS = {"f32": FP32, "bf16": BF16}
 # Nodes of a compiled model that are no operation: constants and the graph's ends.
 _NOT_OPS = frozenset({"Const", "Constant", "Input", "Parameter", "Output", "Result"})
-
-
-@cache
-def _core():
-    """The process's one OpenVINO Core, kept for its life (see `kept_signal_stack`)."""
-    import openvino as ov
-
-    return ov.Core()
 
 
 class _SignalStack(ctypes.Structure):
@@ -90,7 +76,7 @@ def bf16_missing() -> str | None:
     """Why OpenVINO's CPU plugin has no native bf16 here, or None where it has. The plugin's
     oneDNN obeys ONEDNN_MAX_CPU_ISA as PyTorch's does (below its bf16 kernels, compiling a
     model in bf16 fails), while its capabilities still list BF16: both are asked."""
-    capabilities = _core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
+    capabilities = openvino_serving.core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
     if "BF16" not in capabilities:
         return f"OpenVINO's CPU plugin lists no BF16 among this CPU's capabilities ({capabilities})"
     return native_bf16_unavailable()
@@ -103,7 +89,8 @@ def inference_precision(setting: str) -> str:
     if setting == "auto":
         # The plugin's own default: bf16 on x86 CPUs with native bf16, f32 on other x86 ones;
         # f16 on Arm, which tuner has no peak for and so takes f32 there, as the docs say.
-        default = _core().get_property("CPU", "INFERENCE_PRECISION_HINT").get_type_name()
+        default = openvino_serving.core().get_property("CPU", "INFERENCE_PRECISION_HINT")
+        default = default.get_type_name()
         if default == "bf16" and bf16_missing():
             return "f32"
         return default if default in _JUDGED_AS else "f32"
@@ -115,7 +102,7 @@ def inference_precision(setting: str) -> str:
 
 def exported_ir(model: nn.Module, ctx: ConversionContext):
     """The model as an OpenVINO model, read from its fp32 ONNX export (made once per model)."""
-    return _core().read_model(exported_onnx(model, ctx))
+    return openvino_serving.core().read_model(exported_onnx(model, ctx))
 
 
 def save_artifact(ov_model, directory: Path, deploy: DictConfig, notes: dict[str, Any]) -> Path:
@@ -124,7 +111,7 @@ def save_artifact(ov_model, directory: Path, deploy: DictConfig, notes: dict[str
     import openvino as ov
 
     directory.mkdir(parents=True, exist_ok=True)
-    ov.save_model(ov_model, directory / GRAPH_FILE, compress_to_fp16=False)
+    ov.save_model(ov_model, directory / openvino_serving.GRAPH_FILE, compress_to_fp16=False)
     precision = inference_precision(str(deploy.openvino.precision))
     properties = {
         "PERFORMANCE_HINT": "LATENCY",
@@ -136,66 +123,31 @@ def save_artifact(ov_model, directory: Path, deploy: DictConfig, notes: dict[str
         "openvino_version": ov.__version__,
         "notes": {"precision": _JUDGED_AS[precision], "inference_precision": precision, **notes},
     }
-    (directory / COMPILE_FILE).write_text(json.dumps(settings, indent=2))
+    (directory / openvino_serving.COMPILE_FILE).write_text(json.dumps(settings, indent=2))
     return directory
-
-
-def _settings(artifact: Path) -> dict[str, Any]:
-    return json.loads((artifact / COMPILE_FILE).read_text())
 
 
 def read_notes(artifact: Path) -> dict[str, Any]:
     """What the export recorded about the artifact: the precision it computes in, and what the
     backend added (`save_artifact`)."""
-    return dict(_settings(artifact)["notes"])
+    return dict(openvino_serving.read_settings(artifact)["notes"])
 
 
 def add_notes(artifact: Path, notes: dict[str, Any]) -> None:
     """`notes` added to what the artifact records (`read_notes`)."""
-    settings = _settings(artifact)
+    settings = openvino_serving.read_settings(artifact)
     settings["notes"].update(notes)
-    (artifact / COMPILE_FILE).write_text(json.dumps(settings, indent=2))
+    (artifact / openvino_serving.COMPILE_FILE).write_text(json.dumps(settings, indent=2))
 
 
-def compiled_model(artifact: Path, profiled: bool = False):
-    """The artifact compiled on the CPU plugin with the properties it was exported with."""
-    properties = dict(_settings(artifact)["properties"])
-    if profiled:
-        properties["PERF_COUNT"] = True
-    core = _core()
-    return core.compile_model(core.read_model(artifact / GRAPH_FILE), "CPU", properties)
-
-
-def _feeds(compiled, tensors: Iterable[torch.Tensor]) -> dict[str, np.ndarray]:
-    return {
-        port.get_any_name(): tensor.numpy()
-        for port, tensor in zip(compiled.inputs, tensors, strict=True)
-    }
-
-
-def load_compiled(artifact: Path, deploy: DictConfig) -> Logits:
-    """A callable running the artifact as compiled at export. One inference request serves
-    every call; a lock keeps calls from threads of a server apart (a request runs one at a
-    time)."""
-    compiled = compiled_model(artifact)
-    request = compiled.create_infer_request()
-    lock = threading.Lock()
-
-    def logits_of(*tensors: torch.Tensor) -> torch.Tensor:
-        with lock:
-            outputs = request.infer(_feeds(compiled, tensors))
-            # The request reuses its output buffer on the next call.
-            return torch.from_numpy(np.array(outputs[0], copy=True))
-
-    # What `runtime_graph` reads, instead of compiling the artifact again.
-    logits_of.compiled = compiled
-    return logits_of
+# A callable running the artifact as compiled at export: what serving runs.
+load_compiled = runtime_loader("openvino")
 
 
 def runtime_graph(artifact: Path, logits_of: Logits, example) -> GraphDump:
     """The graph the CPU plugin runs (after its own fusions), one node per executed layer, as
     its runtime model reports them: layer type, name, precision it runs in."""
-    compiled = logits_of.compiled
+    compiled = logits_of.runner.compiled
     lines, counts = [], defaultdict(int)
     for node in compiled.get_runtime_model().get_ordered_ops():
         info = node.get_rt_info()
@@ -212,9 +164,9 @@ def profile_compiled(artifact: Path, logits_of: Logits, example, deploy: DictCon
     """Calls of the artifact compiled with performance counters on: one that warms it, then
     `PROFILED_RUNS`, of which the run of median length is kept. Rows are the plugin's layer
     types (`FullyConnected`, `Softmax`, `MVN`, ...), executed layers only."""
-    compiled = compiled_model(artifact, profiled=True)
+    compiled = openvino_serving.compiled_model(artifact, profiled=True)
     request = compiled.create_infer_request()
-    feeds = _feeds(compiled, example.tensors)
+    feeds = openvino_serving.feeds(compiled, example.tensors)
     request.infer(feeds)
     calls = []
     for _ in range(PROFILED_RUNS):
@@ -248,5 +200,6 @@ def register_openvino_backend(
             graph=runtime_graph,
             profile=profile_compiled,
             precision=precision,
+            runtime="openvino",
         )
     )
