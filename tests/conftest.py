@@ -241,6 +241,27 @@ def text_subject(tiny_bert, val_data) -> Subject:
     return Subject(tiny_bert, TINY_BERT, val_data, text_example(val_data), calibration)
 
 
+# The tiny BERT with 4 attention heads of 8 (its 32 wide), 3 of which every layer keeps: a head
+# count that divides neither the width nor the heads, so nothing can assume it does.
+FOUR_HEAD_BERT = ModelRecipe(
+    model={**TINY_BERT.model, "config_overrides": {"num_attention_heads": 4}}, num_labels=2
+)
+PRUNED_BERT = ModelRecipe(model={**FOUR_HEAD_BERT.model, "num_heads": 3}, num_labels=2)
+
+
+@pytest.fixture
+def text_heads_subject(val_data) -> Subject:
+    """`PRUNED_BERT` to deploy: the 4-head tiny BERT with the most important 3 heads of each
+    layer kept, measured on `val_data`'s batches, which also calibrate."""
+    from tuner.edits import apply_edits
+
+    calibration = [batch.inputs for batch in val_data.batches(16)]
+    torch.manual_seed(0)
+    model = FOUR_HEAD_BERT.build()
+    apply_edits(model, OmegaConf.create(PRUNED_BERT.model), calibration)
+    return Subject(model, PRUNED_BERT, val_data, text_example(val_data), calibration)
+
+
 def stored_sessions(user_attrs: Mapping[str, Any]) -> dict[str, list[list[list[float]]]]:
     """Latency key digest -> its measurement sessions' rounds in time order, read straight from
     a study's user attributes (`latency:<digest>:<session>`), not through the table's code."""

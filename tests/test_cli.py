@@ -223,8 +223,8 @@ def test_smoke_study_end_to_end_and_resume(tmp_path):
         profiled = {a.path for a in client.list_artifacts(run.info.run_id, "profile")}
         assert profiled == {"profile/ops.csv"}
         if TEACHER_OF_ATTR in trial.user_attrs:
-            # The unedited model: the smoke encoder's 6 layers at MiniLM's FFN width.
-            unedited = {"model.ffn_width": 1536, "model.num_layers": 6}
+            # The unedited model: the smoke encoder's 6 layers at MiniLM's FFN width, 2 heads.
+            unedited = {"model.ffn_width": 1536, "model.num_layers": 6, "model.num_heads": 2}
             assert trial.user_attrs[ARCHITECTURE_ATTR] == unedited
             assert run.data.params["model.ffn_width_fraction"] == "None"
             assert run.data.params["model.ffn_width"] == "1536"
@@ -241,6 +241,7 @@ def test_smoke_study_end_to_end_and_resume(tmp_path):
         assert trial.user_attrs[ARCHITECTURE_ATTR] == {
             "model.ffn_width": width,
             "model.num_layers": layers,
+            "model.num_heads": 2,
         }
         history = client.get_metric_history(run.info.run_id, "train_loss")
         assert [m.step for m in history] == [1]  # one epoch under debug=smoke

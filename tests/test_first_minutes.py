@@ -72,7 +72,8 @@ def test_help_lists_experiments_search_spaces_and_backends_of_this_machine(tmp_p
     assert "Experiments (+experiment=NAME):" in out and "  resnet_mixup " in out
     for path in (REPO / "search_spaces").glob("*.yaml"):
         assert f"  {path.stem} " in out
-    runs_here = out.split("Backends this machine runs (deploy.backend):")[1]
+    runs_here = out.split("Backends this machine runs (")[1]
+    assert runs_here.startswith("deploy every trained model on some of them with deploy.backends=")
     for name in BACKENDS.names():
         reason = BACKENDS.get(name).unavailable_reason()
         if reason is None:
@@ -264,6 +265,7 @@ def test_an_absolute_edit_typed_on_the_command_line_fixes_it(tmp_path):
     assert trial.user_attrs[ARCHITECTURE_ATTR] == {
         "model.ffn_width": 1024,
         "model.num_layers": layers,
+        "model.num_heads": 2,
     }
 
 

@@ -27,6 +27,11 @@ CONFIGURATION_ATTR = "configuration"
 # The width and depth of the model a point deployed (`model.ffn_width`: 1024,
 # `model.num_layers`: 4), whether typed, resolved from a fraction or the model's own.
 ARCHITECTURE_ATTR = "architecture"
+# Per attention layer, which of its original heads a trial's model kept (`model.num_heads`,
+# chosen on training batches); set only where heads were pruned. The tag holds it as JSON on the
+# trial's run.
+KEPT_HEADS_ATTR = "kept_heads"
+KEPT_HEADS_TAG = "tuner.kept_heads"
 # The eager fp32 validation accuracy of the model a point was deployed from.
 EAGER_ACCURACY_ATTR = "reference_accuracy"
 # Where a point's time goes: its profile by op class and its roofline.

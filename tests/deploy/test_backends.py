@@ -67,6 +67,8 @@ TOLERANCE = {
         "cuda_bf16": 0.3,
     },
 }
+# A text model with pruned attention heads (`text_heads_subject`) is held to the text bounds.
+TOLERANCE["text_heads"] = TOLERANCE["text"]
 # The shipped deploy defaults (int8 settings included), timed on 2 threads.
 DEPLOY = OmegaConf.merge(
     OmegaConf.load(REPO / "conf" / "deploy" / "default.yaml"), {"latency": {"num_threads": 2}}
@@ -123,11 +125,16 @@ ORT_INT8 = (
     "onnxruntime_fused_int8",
     "onnxruntime_mixed",
 )
-CONTRACT_CASES = [_contract_case(modality, name) for modality, name in CASES] + [
-    pytest.param(modality, name, REDUCED_RANGE, id=f"{modality}-{name}-reduce_range")
-    for modality, name in CASES
-    if name in ORT_INT8
-]
+CONTRACT_CASES = (
+    [_contract_case(modality, name) for modality, name in CASES]
+    + [
+        pytest.param(modality, name, REDUCED_RANGE, id=f"{modality}-{name}-reduce_range")
+        for modality, name in CASES
+        if name in ORT_INT8
+    ]
+    # Every text backend deploys a model whose attention heads were pruned.
+    + [_contract_case("text_heads", name) for modality, name in CASES if modality == "text"]
+)
 
 
 @pytest.mark.parametrize(("modality", "name", "deploy"), CONTRACT_CASES)
@@ -647,3 +654,24 @@ def test_a_compiled_backend_compiles_every_architecture_one_process_loads(val_da
         # Both shapes compiled for this model (batch 1 during conversion), none run eagerly.
         assert counters["stats"]["unique_graphs"] - graphs == 2, width
         assert (logits - expected).abs().max() <= TOLERANCE["text"][name]
+
+
+def test_fused_backends_fuse_the_attention_of_pruned_heads(text_heads_subject, tmp_path):
+    """With 3 of 4 heads kept, each layer's attention is still one fused node, of 3 heads."""
+    import onnx
+
+    expected = {"onnxruntime_fused": "Attention", "onnxruntime_fused_int8": "QAttention"}
+    for name, op in expected.items():
+        result = _deploy_subject(name, text_heads_subject, tmp_path / name)
+        assert result.error is None, result.error
+        assert result.notes["attention_fused"] is True
+        assert result.notes["fused_ops"][op] == 2
+        nodes = onnx.load(str(result.artifact)).graph.node
+        heads = [
+            attribute.i
+            for node in nodes
+            if node.op_type == op
+            for attribute in node.attribute
+            if attribute.name == "num_heads"
+        ]
+        assert heads == [3, 3]

@@ -47,8 +47,10 @@ def test_both_edits_apply_together(tiny_bert):
     assert set(EDITS.names()) == {
         "ffn_width",
         "num_layers",
+        "num_heads",
         "ffn_width_fraction",
         "num_layers_fraction",
+        "num_heads_fraction",
     }
     layer = find_layer_stack(tiny_bert)[2][0]
     assert len(find_layer_stack(tiny_bert)[2]) == 1
@@ -110,14 +112,18 @@ def test_fraction_edits_name_their_own_key_on_a_model_without_the_structure():
 @pytest.mark.parametrize(
     ("edits", "expected"),
     [
-        # The unedited 2-layer tiny BERT, FFN 1536 wide: it records its own width and depth.
-        ({}, {"model.ffn_width": 1536, "model.num_layers": 2}),
+        # The unedited 2-layer tiny BERT, FFN 1536 wide, 2 heads: it records its own width,
+        # depth and heads.
+        ({}, {"model.ffn_width": 1536, "model.num_layers": 2, "model.num_heads": 2}),
         # Typed absolute values are what it deploys.
-        ({"ffn_width": 1024, "num_layers": 1}, {"model.ffn_width": 1024, "model.num_layers": 1}),
-        # Fractions: 1536 x 0.5 = 768 (a multiple of 64); 2 x 0.5 = 1 layer.
         (
-            {"ffn_width_fraction": 0.5, "num_layers_fraction": 0.5},
-            {"model.ffn_width": 768, "model.num_layers": 1},
+            {"ffn_width": 1024, "num_layers": 1, "num_heads": 1},
+            {"model.ffn_width": 1024, "model.num_layers": 1, "model.num_heads": 1},
+        ),
+        # Fractions: 1536 x 0.5 = 768 (a multiple of 64); 2 x 0.5 = 1 layer, 1 head.
+        (
+            {"ffn_width_fraction": 0.5, "num_layers_fraction": 0.5, "num_heads_fraction": 0.5},
+            {"model.ffn_width": 768, "model.num_layers": 1, "model.num_heads": 1},
         ),
     ],
 )

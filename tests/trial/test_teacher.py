@@ -104,8 +104,13 @@ def test_the_teacher_is_trained_once_stored_and_reused_by_resumes(study_dir, cap
     (teacher,) = _teacher_trials(study)
     assert teacher.number == 0 and teacher.state == TrialState.COMPLETE
     assert teacher.user_attrs[TEACHER_OF_ATTR] == "auto"
-    # The unedited model: the tiny encoder's 6 layers at the FFN width of its config (MiniLM's).
-    assert teacher.user_attrs[ARCHITECTURE_ATTR] == {"model.ffn_width": 1536, "model.num_layers": 6}
+    # The unedited model: the tiny encoder's 6 layers at the FFN width of its config (MiniLM's),
+    # with its 2 heads.
+    assert teacher.user_attrs[ARCHITECTURE_ATTR] == {
+        "model.ffn_width": 1536,
+        "model.num_layers": 6,
+        "model.num_heads": 2,
+    }
     stored = study.user_attrs[STORED_TEACHERS_ATTR]["auto"]
     assert stored["trial"] == 0
     location = Path(stored["uri"].removeprefix("file://"))

@@ -13,9 +13,10 @@ from tuner.edits.base import (
 )
 
 # Importing the modules registers their edits.
-from tuner.edits import depth, ffn_width  # noqa: E402,F401  isort: skip
+from tuner.edits import depth, ffn_width, heads  # noqa: E402,F401  isort: skip
 
 from tuner.edits.depth import find_layer_stack
+from tuner.edits.heads import attention_heads, find_self_attentions, kept_heads
 
 __all__ = [
     "EDITS",
@@ -23,7 +24,10 @@ __all__ = [
     "SAME_EDIT",
     "apply_edits",
     "architecture_of",
+    "attention_heads",
     "edit_keys",
     "find_layer_stack",
+    "find_self_attentions",
+    "kept_heads",
     "resolved_edits",
 ]

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from omegaconf import DictConfig
 from torch import nn
 
@@ -24,12 +25,17 @@ class Edit:
             `ffn_width`), recorded with every point so the architecture is plain to read.
         reads: for an absolute edit, its value on a model as it stands (the FFN width, the
             layer count), or None where the model has nothing it edits.
+        measured: the edit chooses what to keep by running the model on training inputs
+            (attention heads): `apply` then takes batches of them as a third argument, None
+            where there are none (an artifact's architecture rebuilt, an untrained model
+            timed), where it keeps what it keeps by position, with the same shapes.
     """
 
     config_key: str
-    apply: Callable[[nn.Module, Any], None]
+    apply: Callable[..., None]
     resolves: tuple[str, Callable[[nn.Module, Any], Any]] | None = None
     reads: Callable[[nn.Module], Any] | None = None
+    measured: bool = False
 
 
 EDITS: Registry[Edit] = Registry("model")
@@ -41,17 +47,29 @@ def edit_keys() -> set[str]:
 
 
 # Keys that set one edit two ways (absolute, or relative to the loaded model): one at a time.
-SAME_EDIT = (("ffn_width", "ffn_width_fraction"), ("num_layers", "num_layers_fraction"))
+SAME_EDIT = (
+    ("ffn_width", "ffn_width_fraction"),
+    ("num_layers", "num_layers_fraction"),
+    ("num_heads", "num_heads_fraction"),
+)
 
 
-def apply_edits(model: nn.Module, model_cfg: DictConfig) -> list[str]:
-    """Apply, in registration order, every edit whose key is set; return the applied keys."""
+def apply_edits(
+    model: nn.Module,
+    model_cfg: DictConfig,
+    inputs: Sequence[tuple[torch.Tensor, ...]] | None = None,
+) -> list[str]:
+    """Apply, in registration order, every edit whose key is set; return the applied keys.
+    `inputs`: batches of training inputs, for the edits that measure what to keep."""
     applied = []
     for name in EDITS:
         edit = EDITS.get(name)
         value = model_cfg.get(edit.config_key)
         if value is not None:
-            edit.apply(model, value)
+            if edit.measured:
+                edit.apply(model, value, inputs)
+            else:
+                edit.apply(model, value)
             applied.append(f"model.{edit.config_key}")
     return applied
 
@@ -91,6 +109,24 @@ def checked_fraction(key: str, value: Any, of_what: str) -> float:
             f"fraction of the model's own {of_what} to keep"
         )
     return float(value)
+
+
+def sliced_linear(linear: nn.Linear, keep: torch.Tensor, dim: int) -> nn.Linear:
+    """A copy of `linear` holding only the outputs (`dim` 0) or inputs (`dim` 1) `keep`, with
+    their weights (and the bias, which follows the outputs)."""
+    out_features, in_features = linear.out_features, linear.in_features
+    if dim == 0:
+        out_features = len(keep)
+    else:
+        in_features = len(keep)
+    new = nn.Linear(in_features, out_features, bias=linear.bias is not None)
+    new.to(device=linear.weight.device, dtype=linear.weight.dtype)
+    with torch.no_grad():
+        new.weight.copy_(linear.weight.index_select(dim, keep))
+        if linear.bias is not None:
+            bias = linear.bias if dim == 1 else linear.bias.index_select(0, keep)
+            new.bias.copy_(bias)
+    return new
 
 
 def half_up(value: float) -> int:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from tuner.edits.base import EDITS, Edit, checked_fraction, half_up
+from tuner.edits.base import EDITS, Edit, checked_fraction, half_up, sliced_linear
 from tuner.errors import ConfigError
 
 
@@ -57,22 +57,6 @@ def neuron_importance(block: FeedForward) -> torch.Tensor:
         return block.up.weight.norm(dim=1) * block.down.weight.norm(dim=0)
 
 
-def _sliced(linear: nn.Linear, keep: torch.Tensor, dim: int) -> nn.Linear:
-    out_features, in_features = linear.out_features, linear.in_features
-    if dim == 0:
-        out_features = len(keep)
-    else:
-        in_features = len(keep)
-    new = nn.Linear(in_features, out_features, bias=linear.bias is not None)
-    new.to(device=linear.weight.device, dtype=linear.weight.dtype)
-    with torch.no_grad():
-        new.weight.copy_(linear.weight.index_select(dim, keep))
-        if linear.bias is not None:
-            bias = linear.bias if dim == 1 else linear.bias.index_select(0, keep)
-            new.bias.copy_(bias)
-    return new
-
-
 def _feed_forwards_for(model: nn.Module, key: str) -> list[FeedForward]:
     blocks = find_feed_forwards(model)
     if not blocks:
@@ -95,8 +79,8 @@ def shrink_ffn(model: nn.Module, width: int) -> None:
         if width >= block.width:
             continue
         keep = neuron_importance(block).topk(width).indices.sort().values
-        block.intermediate.dense = _sliced(block.up, keep, dim=0)
-        block.output.dense = _sliced(block.down, keep, dim=1)
+        block.intermediate.dense = sliced_linear(block.up, keep, dim=0)
+        block.output.dense = sliced_linear(block.down, keep, dim=1)
     config = getattr(getattr(model, "encoder", model), "config", None)
     if config is not None and hasattr(config, "intermediate_size"):
         config.intermediate_size = width

@@ -4,7 +4,7 @@ those this machine runs, each one left out said once."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import replace
 
 from omegaconf import DictConfig, OmegaConf
@@ -20,6 +20,49 @@ from tuner.study import messages
 from tuner.study.checks import defined_in
 
 DEPLOY_DEVICE_KEY = "deploy.device"
+# The backends every trained model is deployed on, as a list typed on the command line
+# (`deploy.backends=[eager,openvino_int8]`), in place of the experiment's `deploy.backend`
+# choices, which Hydra's command line cannot address.
+BACKENDS_KEY = "deploy.backends"
+
+
+def backends_typed_win(
+    cfg: DictConfig, space: SearchSpace, pinned: Collection[str]
+) -> tuple[SearchSpace, str | None]:
+    """The search space deploying on `deploy.backends` where it is set, and where the list
+    then comes from (for errors); each name must be a backend this machine runs."""
+    listed = OmegaConf.select(cfg, BACKENDS_KEY)
+    if listed is None:
+        return space, None
+    names = OmegaConf.to_container(listed) if OmegaConf.is_list(listed) else listed
+    example = "e.g. deploy.backends=[eager,openvino_int8]"
+    if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
+        raise ConfigError(
+            f"Invalid config: key '{BACKENDS_KEY}': {names!r} must be a list of backend "
+            f"names, {example}"
+        )
+    if BACKEND_KEY in pinned:
+        raise ConfigError(
+            f"Invalid config: keys {BACKEND_KEY} and {BACKENDS_KEY} both name the backends; "
+            f"set one ({BACKENDS_KEY} for several)"
+        )
+    known = set(BACKENDS.names())
+    unknown = [name for name in names if name not in known]
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if unknown or repeated:
+        problem = f"unknown {unknown}" if unknown else f"listed twice {repeated}"
+        raise ConfigError(
+            f"Invalid config: key '{BACKENDS_KEY}': {problem}; the backends are "
+            f"{', '.join(sorted(known))}"
+        )
+    left_out = unavailable_backends(names)
+    if left_out:
+        raise ConfigError(
+            f"Invalid config: key '{BACKENDS_KEY}': this machine cannot run {described(left_out)}"
+        )
+    distributions = {**space.distributions, BACKEND_KEY: CategoricalDistribution(names)}
+    fixed = {key: value for key, value in space.fixed.items() if key != BACKEND_KEY}
+    return replace(space, distributions=distributions, fixed=fixed), BACKENDS_KEY
 
 
 def deployment_backends(cfg: DictConfig, space: SearchSpace) -> list[str]:

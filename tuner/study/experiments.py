@@ -78,7 +78,12 @@ def help_text(config_dirs: Sequence[Path] = ()) -> str:
     lines = ["Experiments (+experiment=NAME):", *_listing(experiments(config_dirs))]
     lines += ["", "Search-space files (search_spaces/, composed by experiments):"]
     lines += _listing(search_space_files())
-    lines += ["", "Backends this machine runs (deploy.backend):", *_listing(runnable)]
+    lines += [
+        "",
+        "Backends this machine runs (deploy every trained model on some of them with "
+        "deploy.backends=[NAME,...]):",
+        *_listing(runnable),
+    ]
     if left_out:
         lines += ["Backends this machine cannot run:", *_listing(left_out)]
     return "\n".join(lines)

@@ -152,8 +152,8 @@ def check_same_space(
                 # The backends of a study are those the machine that started it could run.
                 hint = (
                     (f" ({described(left_out)})" if left_out else "")
-                    + "; resume it on a machine that runs the same backends, or start another "
-                    "study.name"
+                    + "; give the study's list (deploy.backends=[...]), resume it on a machine "
+                    "that runs the same backends, or start another study.name"
                 )
             raise ConfigError(
                 f"Invalid config: key '{name}': study '{study.study_name}' {verb} "

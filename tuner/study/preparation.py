@@ -32,11 +32,13 @@ from tuner.data import Encoded, ExampleInputs, Splits, load_splits
 from tuner.edits import EDITS, SAME_EDIT
 from tuner.errors import ConfigError
 from tuner.front import Constraints
+from tuner.keys import BACKEND_KEY
 from tuner.latency import LatencyProtocol, forget_readings, gpu_record
 from tuner.modalities import MODALITIES, Modality
 from tuner.models import MODEL_FAMILIES
 from tuner.store import Leases
 from tuner.study.backends import (
+    backends_typed_win,
     check_backends,
     deploy_only_on,
     deployment_backends,
@@ -50,10 +52,12 @@ from tuner.trial import ModelFactory, Teachers, teachers_for
 
 @dataclass(frozen=True)
 class Prepared:
-    """A checked config and its search space; nothing has been created yet."""
+    """A checked config and its search space, with where each searched key is defined (for
+    errors); nothing has been created yet."""
 
     cfg: DictConfig
     space: SearchSpace
+    sources: Mapping[str, str]
 
 
 def prepare(
@@ -67,9 +71,12 @@ def prepare(
     """
     cfg = resolve(apply_debug(raw_cfg, pinned))
     space = _typed_edits_win(load_search_space(cfg, sources, pinned), pinned)
+    space, backends_from = backends_typed_win(cfg, space, pinned)
+    if backends_from is not None:
+        sources = {**sources, BACKEND_KEY: backends_from}
     cfg = with_params(cfg, space.fixed)
     check_config(cfg, space, sources)
-    return Prepared(cfg, space)
+    return Prepared(cfg, space, sources)
 
 
 def _typed_edits_win(space: SearchSpace, pinned: Collection[str]) -> SearchSpace:
@@ -122,7 +129,8 @@ def load_data(prepared: Prepared) -> StudyData:
 
 
 def _check_edits(factory: ModelFactory, prepared: Prepared) -> None:
-    """Apply each searched edit at the ends of its range to a copy, so bad widths fail now."""
+    """Apply each edit, at every value it is searched over or the one it is set to, to a copy
+    of the model, so that bad widths, depths and head counts fail now."""
     for pair in SAME_EDIT:
         given = [
             f"model.{key}"
@@ -140,8 +148,12 @@ def _check_edits(factory: ModelFactory, prepared: Prepared) -> None:
         edit = EDITS.get(name)
         key = f"model.{edit.config_key}"
         if key in prepared.space.distributions:
-            for value in candidate_values(prepared.space.distributions[key]):
-                edit.apply(copy.deepcopy(model), value)
+            values = candidate_values(prepared.space.distributions[key])
+        else:
+            typed = prepared.cfg.model.get(edit.config_key)
+            values = [] if typed is None else [typed]
+        for value in values:
+            edit.apply(copy.deepcopy(model), value)
 
 
 def modality_for(cfg: DictConfig, space: SearchSpace, splits: Splits) -> Modality:
@@ -185,7 +197,7 @@ def ready_study(raw_cfg: DictConfig, sources: Mapping[str, str], overrides: Sequ
         overrides: the command line's Hydra overrides; the keys they set are not searched.
     """
     prepared = prepare(raw_cfg, sources, override_keys(overrides))
-    cfg = prepared.cfg
+    cfg, sources = prepared.cfg, prepared.sources
     torch.set_num_threads(int(cfg.train.num_threads or os.cpu_count() or 1))
     forget_readings()
     data = load_data(prepared)

@@ -19,6 +19,9 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from tuner.secrets import mask_urls_in
 
 _PROFILE_PREFIX = "debug.overrides."
+# Keys a pinned key makes moot: the point's own backend (`deploy.backend`) replaces the list of
+# backends the invocation deployed on (`deploy.backends`), which may not be set beside it.
+_MOOT = {"deploy.backends": "deploy.backend"}
 _PLAIN = re.compile(r"^[A-Za-z_][\w.\-/]*$")
 
 
@@ -65,6 +68,7 @@ def retrain_overrides(
         o.input_line
         for o in parsed
         if o.key_or_group.removeprefix(_PROFILE_PREFIX) not in settings
+        and _MOOT.get(o.key_or_group) not in settings
         and not o.key_or_group.startswith("hydra.")
     ]
     return kept + [

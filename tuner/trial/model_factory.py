@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -20,19 +20,24 @@ from tuner.trial.students import student_of
 
 
 def untrained_model(
-    cfg: DictConfig, build: Callable[[], nn.Module], teacher: nn.Module | None = None
+    cfg: DictConfig,
+    build: Callable[[], nn.Module],
+    teacher: nn.Module | None = None,
+    inputs: Sequence[tuple[torch.Tensor, ...]] | None = None,
 ) -> nn.Module:
     """A trial's model before training: `build`'s (the loaded model) edited and its new layers
     initialised, or the student of `teacher` (`tuner.trial.students.student_of`); the global
-    generator seeded with `train.seed` either way, since training's dropout draws from it next."""
+    generator seeded with `train.seed` either way, since training's dropout draws from it next.
+    `inputs`: batches of training inputs, on which the edits that measure what to keep measure
+    it (without them, only the edited shapes are right: for timing an architecture)."""
     seed = int(cfg.train.seed)
     if teacher is not None:
-        model = student_of(teacher, cfg.model, build)
+        model = student_of(teacher, cfg.model, build, inputs)
         torch.manual_seed(seed)
         return model
     model = build()
     torch.manual_seed(seed)
-    apply_edits(model, cfg.model)
+    apply_edits(model, cfg.model, inputs)
     initialise_new_layers(model.new_layers(), str(cfg.train.init))
     return model
 

@@ -90,7 +90,14 @@ def _untrained(ctx: TrialContext, cfg: DictConfig) -> nn.Module:
     teacher = None
     if ctx.teachers is not None and starts_from_teacher(cfg.train):
         teacher = ctx.teachers.model(ctx.storage.get_study_user_attrs(ctx.study_id))
-    return untrained_model(cfg, lambda: ctx.factory.build(cfg.model, int(cfg.train.seed)), teacher)
+    # Edits that measure what to keep (attention heads) measure it on the calibration batches,
+    # the first training batches, the same for every trial.
+    return untrained_model(
+        cfg,
+        lambda: ctx.factory.build(cfg.model, int(cfg.train.seed)),
+        teacher,
+        ctx.calibration,
+    )
 
 
 def train_once(

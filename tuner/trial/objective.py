@@ -15,6 +15,7 @@ is interrupted, stopped early or fails.
 
 from __future__ import annotations
 
+import json
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -33,6 +34,7 @@ from torch import nn
 
 from tuner.config import fits, with_params
 from tuner.deploy import BackendFailed
+from tuner.edits import kept_heads
 from tuner.front import NotWorthTraining, baseline_of, over_budget_reason
 from tuner.interrupts import deferred, immediate, raise_if_interrupted
 from tuner.keys import (
@@ -40,6 +42,8 @@ from tuner.keys import (
     BACKEND_KEY,
     CONFIGURATION_ATTR,
     FAIL_REASON_ATTR,
+    KEPT_HEADS_ATTR,
+    KEPT_HEADS_TAG,
     PRUNED_ATTR,
     PRUNED_TAG,
     RUN_ID_ATTR,
@@ -134,6 +138,7 @@ class Objective:
                 with immediate():
                     # A stored teacher whose files are gone is trained again: none replayed.
                     model, stored_teacher = starting_model(ctx, cfg, stored_teacher)
+                    self._record_kept_heads(trial, run_id, model)
                     keys = trial_latency.latency_keys(
                         cfg, structure_of(model), backends, ctx.protocol_record
                     )
@@ -212,6 +217,13 @@ class Objective:
         trial.set_user_attr(RUN_ID_ATTR, run_id)
         trial.set_user_attr(ARCHITECTURE_ATTR, architecture)
         return run_id
+
+    def _record_kept_heads(self, trial: optuna.Trial, run_id: str, model: nn.Module) -> None:
+        """Which attention heads the model kept, where it lost any."""
+        kept = kept_heads(model)
+        if kept is not None:
+            trial.set_user_attr(KEPT_HEADS_ATTR, kept)
+            self.context.tracker.set_tags(run_id, {KEPT_HEADS_TAG: json.dumps(kept)})
 
     def _backends_left(self, trial: optuna.Trial, run_id: str, configuration: int) -> list[str]:
         """The backends the trial deploys on. A retry of this configuration (after an interrupt

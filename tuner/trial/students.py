@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import copy
 import itertools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -39,19 +39,23 @@ def starts_from_teacher(train_cfg: DictConfig) -> bool:
 
 
 def student_of(
-    teacher: nn.Module, model_cfg: DictConfig, build: Callable[[], nn.Module]
+    teacher: nn.Module,
+    model_cfg: DictConfig,
+    build: Callable[[], nn.Module],
+    inputs: Sequence[tuple[torch.Tensor, ...]] | None = None,
 ) -> nn.Module:
     """A student that starts from the teacher's weights, the teacher left as it is: a copy of
     it, or, in a family whose size keys build smaller architectures, the student's own
-    (`build`) filled with them; its structural edits applied either way. Every layer, the head
-    included, was trained on this task, so none is initialised anew."""
+    (`build`) filled with them; its structural edits applied either way, those that measure
+    what to keep measuring the teacher's weights on `inputs` (the teacher's heads are pruned).
+    Every layer, the head included, was trained on this task, so none is initialised anew."""
     inherit = MODEL_FAMILIES.get(str(model_cfg.family)).inherit
     if inherit is None:
         student = copy.deepcopy(teacher)
     else:
         student = build()
         inherit(teacher, student)
-    apply_edits(student, model_cfg)
+    apply_edits(student, model_cfg, inputs)
     return student
 
 

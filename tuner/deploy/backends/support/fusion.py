@@ -24,6 +24,7 @@ from tuner.deploy.backends.support.onnx_export import (
     quiet_root_logger,
     shared_graph,
 )
+from tuner.edits import attention_heads
 from tuner.insight import graph_ops
 
 # ONNX Runtime's own operators (its contrib domain): every one in a graph exported from PyTorch
@@ -55,6 +56,10 @@ def _fuse_transformer(model: nn.Module, ctx: ConversionContext, path: Path) -> P
 
     encoder = model.encoder
     config = encoder.config
+    # Heads as the model holds them (pruned or not), each of the config's head size: ONNX
+    # Runtime's fused Attention takes the heads after pruning and their total size.
+    heads = attention_heads(model) or int(config.num_attention_heads)
+    head_size = int(config.hidden_size) // int(config.num_attention_heads)
     own = config._attn_implementation
     encoder.set_attn_implementation("eager")
     try:
@@ -66,8 +71,8 @@ def _fuse_transformer(model: nn.Module, ctx: ConversionContext, path: Path) -> P
         optimized = optimize_model(
             str(exported),
             model_type="bert",
-            num_heads=int(config.num_attention_heads),
-            hidden_size=int(config.hidden_size),
+            num_heads=heads,
+            hidden_size=heads * head_size,
         )
         optimized.save_model_to_file(str(path))
     return path
