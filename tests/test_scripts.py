@@ -180,6 +180,33 @@ def test_bench_search_prints_a_row_per_configuration_and_plots(tmp_path):
     assert cells[1].startswith(f"{union:.4g} [")
 
 
+def test_bench_heads_runs_the_study_with_and_without_heads_and_compares_them(tmp_path):
+    result = run_script(
+        "bench_heads.py",
+        "--seeds",
+        "0",
+        "--backends",
+        "eager",
+        "onnxruntime_fused",
+        "--",
+        "debug=smoke",
+        cwd=tmp_path,
+    )
+    header, _, *rows = table_cells(result.stdout.split("\n\n")[1])
+    assert header[0] == "space" and header[-1] == "attention share"
+    assert [row[0] for row in rows] == ["without heads", "with heads"]
+    for row in rows:
+        assert row[3] in ("eager", "onnxruntime_fused")
+        # The smoke encoder's heads: 2, or 1 where a fraction of them was kept.
+        assert "num_heads 2" in row[4] or ("num_heads 1" in row[4] and row[0] == "with heads")
+        assert float(row[7].removesuffix("x")) > 0
+    # The ratio of the two recommended latencies, as the table prints them (to 2 decimals).
+    without, with_heads = (float(row[6]) for row in rows)
+    line = next(line for line in result.stdout.splitlines() if line.startswith("recommended"))
+    printed = float(line.split(": ")[1].split("x")[0])
+    assert printed == pytest.approx(without / with_heads, abs=0.02)
+
+
 def test_bench_training_compares_random_and_grouped_batches_by_default(tmp_path):
     runs_file = tmp_path / "batching.json"
     result = run_script(

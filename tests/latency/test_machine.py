@@ -114,7 +114,10 @@ def test_resume_on_a_machine_without_a_backend_says_which_and_why():
         check_same_space(study, here, {"deploy.backend": "exp.yaml"}, {"bf16": "no bf16 here"})
     message = str(refused.value)
     assert "study 's' deploys on choice(eager, bf16), this run would on choice(eager)" in message
-    assert "(bf16: no bf16 here); resume it on a machine that runs the same backends" in message
+    assert (
+        "(bf16: no bf16 here); give the study's list (deploy.backends=[...]), resume it on a "
+        "machine that runs the same backends"
+    ) in message
     assert message.endswith("; defined in exp.yaml")
     # The same choices resume; keys the study has not sampled yet are free.
     check_same_space(study, SearchSpace({"deploy.backend": earlier}), {}, {})

@@ -5,6 +5,7 @@ heads each trained model kept recorded, every point on the backends typed as
 from __future__ import annotations
 
 import json
+import re
 import shlex
 
 import optuna
@@ -93,15 +94,44 @@ def test_a_study_prunes_heads_records_them_and_retrains_a_pruned_point(tmp_path)
             ("deploy.backends=[eager,no_such_backend]",),
             "key 'deploy.backends': unknown ['no_such_backend']",
         ),
-        (
-            ("deploy.backends=[eager,eager]",),
-            "key 'deploy.backends': listed twice ['eager']",
-        ),
+        (("deploy.backends=[eager,eager]",), "key 'deploy.backends': listed twice ['eager']"),
         (
             ("deploy.backends=[eager]", "deploy.backend=eager"),
             "keys deploy.backend and deploy.backends both name the backends",
         ),
         (("deploy.backends=eager",), "key 'deploy.backends': 'eager' must be a list"),
+    ],
+)
+def test_a_backend_list_the_study_cannot_take_is_refused_before_anything_is_made(
+    overrides, message
+):
+    from tuner.config import compose_config
+    from tuner.errors import ConfigError
+    from tuner.study.preparation import prepare
+    from tuner.tracking import override_keys
+
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        prepare(compose_config([*SMOKE, *overrides]), {}, override_keys(list(overrides)))
+
+
+def test_a_listed_backend_this_machine_cannot_run_is_refused_naming_why():
+    from tuner.config import compose_config
+    from tuner.deploy import BACKENDS, unavailable_backends
+    from tuner.errors import ConfigError
+    from tuner.study.preparation import prepare
+
+    left_out = unavailable_backends(BACKENDS.names())
+    if not left_out:
+        pytest.skip("this machine runs every backend")
+    name, reason = next(iter(left_out.items()))
+    overrides = [f"deploy.backends=[eager,{name}]"]
+    with pytest.raises(ConfigError, match=re.escape(f"this machine cannot run {name}: {reason}")):
+        prepare(compose_config([*SMOKE, *overrides]), {}, {"deploy.backends"})
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
         (("model.num_heads=3",), "key 'model.num_heads': 3 must be an int in [1, 2]"),
         (
             ("model.num_heads=1", "model.num_heads_fraction=0.5"),
@@ -109,9 +139,7 @@ def test_a_study_prunes_heads_records_them_and_retrains_a_pruned_point(tmp_path)
         ),
     ],
 )
-def test_backends_and_heads_the_study_cannot_take_are_refused_at_start_up(
-    tmp_path, overrides, message
-):
+def test_heads_the_model_cannot_keep_are_refused_at_start_up(tmp_path, overrides, message):
     result = run_cli(tmp_path, *SMOKE, *overrides)
     assert result.returncode == 2, result.stderr
     assert message in result.stderr
