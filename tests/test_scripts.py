@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -205,6 +206,36 @@ def test_bench_heads_runs_the_study_with_and_without_heads_and_compares_them(tmp
     line = next(line for line in result.stdout.splitlines() if line.startswith("recommended"))
     printed = float(line.split(": ")[1].split("x")[0])
     assert printed == pytest.approx(without / with_heads, abs=0.02)
+
+
+def test_bench_machines_times_the_measuring_workers_and_compares_the_fronts(tmp_path):
+    result = run_script(
+        "bench_machines.py",
+        "--",
+        "debug=smoke",
+        "deploy.backends=[eager,onnxruntime_int8]",
+        cwd=tmp_path,
+    )
+    wall = re.search(r"study `bert_ffn-smoke`: (\d+) s wall \(trained on (\S+)\)", result.stdout)
+    assert wall is not None, result.stdout
+    study_s, trainer = int(wall.group(1)), wall.group(2)
+    for machine in ("same-kind", "onednn-avx2"):
+        found = re.search(rf"measuring worker {machine}: (\d+) s, (\d+)% of it", result.stdout)
+        assert found is not None, result.stdout
+        # The share as printed, from the rounded seconds (to within their rounding).
+        assert int(found.group(2)) == pytest.approx(100 * int(found.group(1)) / study_s, abs=6)
+        assert f"recommendation on {machine}: " in result.stdout
+    header, _, *rows = table_cells(result.stdout)
+    assert header[0] == "machine" and header[-1] == "recommended"
+    # Two configurations deployed on two backends: four points, each measured on every machine.
+    assert [(row[0], row[1]) for row in rows] == [
+        (trainer, "4"),
+        ("same-kind", "4"),
+        ("onednn-avx2", "4"),
+    ]
+    for row in rows:
+        recommended = row[3].split(" (")[0]
+        assert recommended in row[2]
 
 
 def test_bench_training_compares_random_and_grouped_batches_by_default(tmp_path):

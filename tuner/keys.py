@@ -15,6 +15,9 @@ FAIL_REASON_ATTR = "fail_reason"
 FAILED_BACKEND_ATTR = "failed_backend"
 # The digest of a point's latency key in the study's latency table (`tuner.store.latency_table`).
 LATENCY_KEY_ATTR = "latency_key"
+# Every trial, before it trains: backend -> the digest of its latency key (null for a backend
+# whose graph follows the trained weights), for measuring workers to find (`tuner.measure`).
+LATENCY_KEYS_ATTR = "latency_keys"
 # Set on every point of a study's distillation teacher: the `train.distill.teacher` reference
 # it was trained for. The teacher trains with fixed values, not sampled params, so its points
 # show this in their params.
@@ -70,6 +73,8 @@ REFERENCE_ATTR = "hypervolume_reference"
 STORED_TEACHERS_ATTR = "teachers"
 # The peaks measured on one machine (its digest follows the prefix).
 PEAK_ATTR_PREFIX = "machine_peak:"
+# A machine latencies are measured on, by its `deploy.machine` name (`tuner.store.machines`).
+MACHINE_ATTR_PREFIX = "machine:"
 
 # --- MLflow run tags -----------------------------------------------------------------------
 # What a run is: `study` (the parent run) or `trial` (a trial's, or a point's).

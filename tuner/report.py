@@ -31,6 +31,7 @@ from tuner.errors import ConfigError
 from tuner.front import (
     DEFAULT_MAX_ACCURACY_DROP,
     Baseline,
+    Constraints,
     Point,
     Rule,
     biggest_difference,
@@ -45,8 +46,15 @@ from tuner.insight import MachinePeak, stored_peaks
 from tuner.keys import MODEL_ABSENT_TAG, MODEL_ERROR_TAG, RETRAIN_TAG
 from tuner.latency import objective_name
 from tuner.secrets import mask_urls_in
-from tuner.store import CurrentSplit, data_changes, data_fingerprint, settings_of
-from tuner.study import TEST_METRIC, load_study, study_settings, test_accuracy
+from tuner.store import CurrentSplit, data_changes, data_fingerprint, machines_in, settings_of
+from tuner.study import (
+    TEST_METRIC,
+    load_study,
+    machine_counts,
+    machine_named,
+    study_settings,
+    test_accuracy,
+)
 from tuner.tracking import override_keys
 
 
@@ -87,6 +95,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         metavar="TRIAL",
         help="profile trial TRIAL's logged model now: one call at its latency protocol's input "
         "shape and threads, by operator and op class, with its graph's layout ops",
+    )
+    parser.add_argument(
+        "--machine",
+        default=None,
+        metavar="NAME",
+        help="the front and recommendation at machine NAME's latencies (a deploy.machine that "
+        "trained or measured for the study: python -m tuner.measure)",
+    )
+    parser.add_argument(
+        "--machines",
+        action="store_true",
+        help="list the study's machines, with how many of its points each has measured",
     )
     # Overrides and options in any order, as with `python -m tuner`.
     return parser.parse_intermixed_args(argv)
@@ -207,8 +227,14 @@ def report(args: argparse.Namespace) -> int:
     splits_of = cache(lambda: load_splits(data_cfg))
     mlflow.set_tracking_uri(str(cfg.tracking.uri))
     client = mlflow.MlflowClient(str(cfg.tracking.uri))
+    if args.machines:
+        list_machines(study, constraints)
+        return 0
+    machine = None if args.machine is None else machine_named(study, args.machine)
+    if machine is not None:
+        console.console.print(f"Latencies on machine {machine.name}: {machine.describe()}")
     trials = study.get_trials(deepcopy=False)
-    points, baseline, split = front_of(trials, study.user_attrs, constraints)
+    points, baseline, split = front_of(trials, study.user_attrs, constraints, machine)
     split.refuse_without_points(study.study_name)
     front_messages.front_summary(
         study.study_name, points, failures_of(trials), baseline, constraints
@@ -236,6 +262,18 @@ def report(args: argparse.Namespace) -> int:
     if to_profile is not None:
         profile_on_demand(to_profile, splits_of, client)
     return status
+
+
+def list_machines(study: optuna.Study, constraints: Constraints) -> None:
+    """The study's machines: what each is and how many of the study's points it measured."""
+    machines = machines_in(study.user_attrs)
+    if not machines:
+        console.console.print(f"Study '{study.study_name}' has recorded no machine yet.")
+    for name, (measured, total) in machine_counts(study, constraints).items():
+        console.console.print(
+            f"{name}: {measured} of {total} points measured; {machines[name].describe()}, "
+            f"last seen {machines[name].at}"
+        )
 
 
 def no_point(points: list[Point], rule: Rule, baseline: Baseline) -> None:

@@ -63,13 +63,15 @@ def reference_point(
 
 
 def hypervolume_reference(
-    study: optuna.Study, configured: DictConfig, points: list[Point]
+    study: optuna.Study, configured: DictConfig, points: list[Point], machine: str | None = None
 ) -> tuple[float, float] | None:
-    """The study's reference, fixed in the study the first time it can be taken."""
-    stored = study.user_attrs.get(REFERENCE_ATTR)
+    """The study's reference, fixed in the study the first time it can be taken; with a
+    `machine`, that machine's own (its latencies are of another scale)."""
+    name = REFERENCE_ATTR if machine is None else f"{REFERENCE_ATTR}:{machine}"
+    stored = study.user_attrs.get(name)
     reference = reference_point(stored, configured, [p.latency_ms for p in points])
     if stored is None and reference is not None:
-        study.set_user_attr(REFERENCE_ATTR, list(reference))
+        study.set_user_attr(name, list(reference))
     return reference
 
 
@@ -78,10 +80,11 @@ def convergence(
     configured: DictConfig,
     points: list[Point],
     started: datetime | None = None,
+    machine: str | None = None,
 ) -> Convergence | None:
-    """The hypervolume of `points`; `started` (when the study's first trial began) gives
-    `search_seconds`."""
-    reference = hypervolume_reference(study, configured, points)
+    """The hypervolume of `points` (at `machine`'s latencies, against its reference);
+    `started` (when the study's first trial began) gives `search_seconds`."""
+    reference = hypervolume_reference(study, configured, points, machine)
     if reference is None:
         return None
     feasible = [(p.val_accuracy, p.latency_ms) for p in points if p.feasible]
@@ -97,19 +100,24 @@ def front_note(
     progress: Convergence | None,
     protocol: Mapping[str, Any],
     baseline: Baseline,
+    machine: str | None = None,
 ) -> str:
-    """The parent run's description in MLflow: the front and how its latency was measured."""
+    """The parent run's description in MLflow: the front and how its latency was measured;
+    with a `machine`, its front at that machine's latencies."""
     front = sorted((p for p in points if p.pareto), key=lambda p: p.latency_ms)
+    folder = "pareto" if machine is None else f"pareto/{machine}"
+    metric = "hypervolume" if machine is None else f"hypervolume.{machine}"
+    on = "" if machine is None else f" on machine `{machine}`"
     lines = [
-        f"**Study `{study_name}`**: {len(points)} points, {len(front)} on the feasible "
-        "accuracy/latency front (`pareto/front.csv`, `pareto/front.html`).",
+        f"**Study `{study_name}`**{on}: {len(points)} points, {len(front)} on the feasible "
+        f"accuracy/latency front (`{folder}/front.csv`, `{folder}/front.html`).",
         "",
     ]
     if progress is not None:
         accuracy, latency = progress.reference
         lines += [
             f"Hypervolume {progress.hypervolume:.4g} (accuracy x ms, reference accuracy "
-            f"{accuracy:g}, latency {latency:.3g} ms); its history is the `hypervolume` metric.",
+            f"{accuracy:g}, latency {latency:.3g} ms); its history is the `{metric}` metric.",
             "",
         ]
     if front:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -99,6 +99,7 @@ def points_of(
     trials: Sequence[optuna.trial.FrozenTrial],
     constraints: Constraints | None = None,
     table: LatencyTable | None = None,
+    on: Mapping[str, Any] | None = None,
 ) -> list[Point]:
     """Every complete trial as a point; `pareto` marks the front of the feasible ones.
 
@@ -108,17 +109,14 @@ def points_of(
     was made included), summarised by the study's statistic, so every point of one architecture
     and backend has the same; a point made before the study had a table keeps the latency it was
     measured with.
+
+    `on`: another machine's protocol record (`tuner.store.machines`): each point at its
+    latency on that machine, from `table`; points that machine has not measured are left out.
     """
     trials = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
     constraints = constraints or Constraints()
     statistic = table.statistic if table else DEFAULT_STATISTIC
     baseline = baseline_of(trials)
-
-    def latency_of(trial: optuna.trial.FrozenTrial) -> tuple[float, float]:
-        measured = table.result(trial.user_attrs.get(LATENCY_KEY_ATTR)) if table else None
-        if measured is None:
-            return trial.values[1], float(trial.user_attrs.get("latency_ms_p95", float("nan")))
-        return measured.ranked_ms(statistic), measured.p95_ms
 
     points = [
         Point(
@@ -142,7 +140,8 @@ def points_of(
             latency_statistic=statistic,
         )
         for trial in trials
-        for latency, p95 in [latency_of(trial)]
+        for latency, p95 in [_latency_of(trial, table, on) or (None, None)]
+        if latency is not None
     ]
     feasible = [p for p in points if p.feasible]
     on_front = {
@@ -155,6 +154,22 @@ def points_of(
         if keep
     }
     return [replace(p, pareto=p.trial_number in on_front) for p in points]
+
+
+def _latency_of(
+    trial: optuna.trial.FrozenTrial, table: LatencyTable | None, on: Mapping[str, Any] | None
+) -> tuple[float, float] | None:
+    """A point's latency (by the table's statistic) and p95: its key's in the table, else what
+    it was made with; on another machine (`on`), its key's there, else None."""
+    digest = trial.user_attrs.get(LATENCY_KEY_ATTR)
+    if on is not None:
+        digest = table.digest_on(digest, on) if table else None
+        measured = table.result(digest) if table and digest else None
+        return None if measured is None else (measured.ranked_ms(table.statistic), measured.p95_ms)
+    measured = table.result(digest) if table else None
+    if measured is None:
+        return trial.values[1], float(trial.user_attrs.get("latency_ms_p95", float("nan")))
+    return measured.ranked_ms(table.statistic), measured.p95_ms
 
 
 def front_table(points: list[Point]) -> pd.DataFrame:

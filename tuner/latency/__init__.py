@@ -3,7 +3,15 @@ measured on (CPU flags, peaks, memory)."""
 
 from __future__ import annotations
 
-from tuner.latency.machine import has_vnni, isa_flags, native_bf16_unavailable, unknown_cpu_notice
+from tuner.latency.machine import (
+    MACHINE_NAME,
+    MACHINE_NAME_RULE,
+    has_vnni,
+    isa_flags,
+    machine_name,
+    native_bf16_unavailable,
+    unknown_cpu_notice,
+)
 from tuner.latency.memory import track_peak_memory
 from tuner.latency.peak import flops_per_call, measure_peak, study_peak
 from tuner.latency.protocol import (
@@ -26,6 +34,8 @@ from tuner.latency.steadiness import fastest_call_ms, forget_readings, reference
 __all__ = [
     "DEFAULT_STATISTIC",
     "LATENCY_STATISTICS",
+    "MACHINE_NAME",
+    "MACHINE_NAME_RULE",
     "LatencyProtocol",
     "LatencyResult",
     "STATISTIC_KEY",
@@ -37,6 +47,7 @@ __all__ = [
     "gpu_record",
     "has_vnni",
     "isa_flags",
+    "machine_name",
     "measure_latency",
     "measure_peak",
     "native_bf16_unavailable",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import platform
 import re
+import socket
 from functools import cache
 from pathlib import Path
 
@@ -98,3 +99,30 @@ def kernel_caps() -> dict[str, str]:
     caps = {"ONEDNN_MAX_CPU_ISA": onednn_isa_cap()}
     caps["ATEN_CPU_CAPABILITY"] = os.environ.get("ATEN_CPU_CAPABILITY", "").strip().lower() or None
     return {name: value for name, value in caps.items() if value is not None}
+
+
+# What a machine's name may hold: it names a folder of the study's MLflow parent run
+# (`pareto/<machine>/`), a file beside it and a tag, so neither a path separator nor a space.
+MACHINE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+MACHINE_NAME_RULE = (
+    "must be 1 to 64 letters, digits, '.', '_' or '-', starting with a letter or digit (it "
+    "names a folder of the study's MLflow run)"
+)
+# Words of a CPU's model name that tell no two CPUs apart.
+_CPU_NOISE = re.compile(r"\((R|TM)\)|\bCPU\b|\bProcessor\b|@.*$", re.IGNORECASE)
+
+
+def default_machine_name() -> str:
+    """This machine's name when `deploy.machine` gives none: the host, the CPU model and any
+    cap on its kernels' instruction sets (`vm-intel-xeon`, `vm-intel-xeon-avx2`), as a
+    machine name may spell them."""
+    cpu = _CPU_NOISE.sub(" ", cpu_model())
+    caps = " ".join(kernel_caps().values())
+    text = f"{socket.gethostname().split('.')[0]} {cpu} {caps}".lower()
+    name = re.sub(r"[^a-z0-9]+", "-", text).strip("-")[:64].rstrip("-")
+    return name or "machine"
+
+
+def machine_name(typed: str | None) -> str:
+    """The name this machine's latencies are filed under: `deploy.machine`, or the default."""
+    return default_machine_name() if typed is None else str(typed)

@@ -39,13 +39,14 @@ from tuner.store.settings import settings_in
 
 _PREFIX = "latency:"
 _KEY_PREFIX = "latency-key:"
+_GIVEN_UP_PREFIX = "latency-given-up:"
 # Model keys that change training but not the graph that is timed.
 _TRAINING_ONLY = frozenset({"random_init", "dropout", "drop_rate"})
 # Deploy keys that are the protocol (in the key on their own) or choose the backend, the
-# device (a backend deploys on one kind, and a GPU's model is in the protocol record), and the
-# settings of onnxruntime_mixed, whose latency the table never keeps (its graph follows the
-# trained weights).
-_NOT_IN_DEPLOY_KEY = frozenset({"backend", "device", "latency", "mixed"})
+# device (a backend deploys on one kind, and a GPU's model is in the protocol record), the
+# machine (its name is in the protocol record), and the settings of onnxruntime_mixed, whose
+# latency the table never keeps (its graph follows the trained weights).
+_NOT_IN_DEPLOY_KEY = frozenset({"backend", "device", "latency", "machine", "mixed"})
 # How far a measurement may grow (in rounds, in sessions) is no part of what it measures:
 # raising it extends the table; nor is how its calls are summarised (the rounds are kept whole),
 # nor which rounds are kept: steady ones measure the same latency as any others, with less of
@@ -157,6 +158,12 @@ def measured_alike(
     return {"deploy": key.get("deploy"), "protocol": key.get("protocol")} == here
 
 
+def key_on(key: Mapping[str, Any], protocol_record: Mapping[str, Any]) -> dict[str, Any]:
+    """The latency key of the same architecture, backend and deploy settings under another
+    protocol record: another machine's (`tuner.store.machines`)."""
+    return {**key, "protocol": _protocol_in_key(protocol_record, str(key.get("backend")))}
+
+
 def digest_of(key: Mapping[str, Any]) -> str:
     text = json.dumps(key, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:20]
@@ -190,6 +197,10 @@ class LatencyTable:
 
     sessions: dict[str, list[Session]] = field(default_factory=dict)
     statistic: str = DEFAULT_STATISTIC
+    # Digest -> the key it stands for, for every key the study has written.
+    keys: dict[str, Mapping[str, Any]] = field(default_factory=dict)
+    # Digest -> why the machine it names could not time it (`record_given_up`).
+    given_up: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def of_attrs(cls, user_attrs: Mapping[str, Any]) -> LatencyTable:
@@ -210,6 +221,16 @@ class LatencyTable:
                 for digest, timed in found.items()
             },
             str(settings.get(STATISTIC_KEY, DEFAULT_STATISTIC)),
+            {
+                name[len(_KEY_PREFIX) :]: key
+                for name, key in user_attrs.items()
+                if name.startswith(_KEY_PREFIX) and isinstance(key, dict)
+            },
+            {
+                name[len(_GIVEN_UP_PREFIX) :]: str(reason)
+                for name, reason in user_attrs.items()
+                if name.startswith(_GIVEN_UP_PREFIX)
+            },
         )
 
     @classmethod
@@ -230,6 +251,12 @@ class LatencyTable:
         measured."""
         rounds = [r for session in self.pooled(digest or "") for r in session.rounds]
         return LatencyResult.of_rounds(rounds) if rounds else None
+
+    def digest_on(self, digest: str | None, protocol_record: Mapping[str, Any]) -> str | None:
+        """The digest of key `digest` under another machine's protocol record (`key_on`); None
+        where the study does not hold the key."""
+        key = self.keys.get(digest or "")
+        return None if key is None else digest_of(key_on(key, protocol_record))
 
     def pooled(self, digest: str) -> list[Session]:
         """The sessions the key's latency rests on. A later trial's one steady added round
@@ -263,6 +290,26 @@ class LatencyTable:
         of too few steady rounds."""
         pooled = self.pooled(digest)
         return len(pooled) if all(s.counts for s in pooled) else 0
+
+
+def register_keys(
+    storage: optuna.storages.BaseStorage, study_id: int, keys: Sequence[Mapping[str, Any]]
+) -> None:
+    """Write what each key's digest stands for before any session of it exists, so that a
+    measuring worker can find a running trial's keys (`tuner.study.measuring`)."""
+    for key in keys:
+        storage.set_study_user_attr(study_id, f"{_KEY_PREFIX}{digest_of(key)}", dict(key))
+
+
+def record_given_up(
+    storage: optuna.storages.BaseStorage, study_id: int, key: Mapping[str, Any], reason: str
+) -> None:
+    """Say in the study why the machine a key names could not time it (a backend it does not
+    run, a conversion that failed), so that a trial waiting for that machine's latency of it
+    (`study.target_machine`) records its point as failed with the reason instead of waiting."""
+    digest = digest_of(key)
+    storage.set_study_user_attr(study_id, f"{_KEY_PREFIX}{digest}", dict(key))
+    storage.set_study_user_attr(study_id, f"{_GIVEN_UP_PREFIX}{digest}", reason)
 
 
 def record_session(

@@ -8,6 +8,13 @@ from tuner.study.backends import check_backends
 from tuner.study.confirmation import Target
 from tuner.study.experiments import choose_an_experiment, experiments, help_text
 from tuner.study.held_out_accuracy import TEST_METRIC, test_accuracy
+from tuner.study.machine_front import (
+    front_lines,
+    machine_counts,
+    machine_named,
+    publish_machine_front,
+)
+from tuner.study.measuring import measuring_worker, study_over
 from tuner.study.preparation import calibration_inputs, modality_for
 from tuner.study.run import run_study
 from tuner.study.stored_front import study_front
@@ -20,11 +27,17 @@ __all__ = [
     "check_backends",
     "choose_an_experiment",
     "experiments",
+    "front_lines",
     "help_text",
     "load_study",
+    "machine_counts",
+    "machine_named",
+    "measuring_worker",
     "modality_for",
+    "publish_machine_front",
     "run_study",
     "study_front",
+    "study_over",
     "study_settings",
     "test_accuracy",
 ]

@@ -16,7 +16,7 @@ from tuner.data import DATA_SOURCES
 from tuner.deploy import BACKENDS
 from tuner.devices import device_format_ok
 from tuner.errors import ConfigError
-from tuner.latency import LATENCY_STATISTICS, STATISTIC_KEY
+from tuner.latency import LATENCY_STATISTICS, MACHINE_NAME, MACHINE_NAME_RULE, STATISTIC_KEY
 from tuner.models import MODEL_FAMILIES
 from tuner.registry import Registry
 from tuner.study.samplers import SAMPLERS
@@ -66,6 +66,10 @@ OPTIONAL_SCALE: Rule = (
 OPTIONAL_POSITIVE: Rule = (
     lambda v: v is None or (_number(v) and v > 0),
     "must be a number > 0, or null to fix it from the first trial",
+)
+MACHINE: Rule = (
+    lambda v: v is None or (isinstance(v, str) and bool(MACHINE_NAME.match(v))),
+    f"{MACHINE_NAME_RULE}, or null",
 )
 
 VALUE_RULES: dict[str, Rule] = {
@@ -147,6 +151,9 @@ VALUE_RULES: dict[str, Rule] = {
     ),
     "deploy.latency.steady_attempts": POSITIVE_INT,
     "deploy.latency.steady_wait_s": NON_NEGATIVE,
+    "deploy.machine": MACHINE,
+    "study.target_machine": MACHINE,
+    "study.target_wait_s": POSITIVE,
     "study.pruning.enabled": BOOLEAN,
     "study.pruning.min_epochs": POSITIVE_INT,
     "study.pruning.margin": NON_NEGATIVE,

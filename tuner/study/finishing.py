@@ -28,17 +28,20 @@ def finish_front(
     constraints: Constraints,
     record_front: Callable[[optuna.Study], None],
     tracker: Tracker,
+    confirm: bool = True,
 ) -> bool:
-    """The end of a run: the front's latencies confirmed (`tuner.study.confirmation`), the front
-    published again if they changed (returns whether they did), and every point's run brought to the
-    table. The trials are all recorded by now, so a failure here is said and leaves the
-    latencies as they were."""
+    """The end of a run: the front's latencies confirmed (`tuner.study.confirmation`; not where
+    `confirm` is false: a study aimed at another machine, whose measuring worker confirms
+    them there), the front published again if they changed (returns whether they did), and
+    every point's run brought to the table. The trials are all recorded by now, so a failure
+    here is said and leaves the latencies as they were."""
     confirmations = []
     try:
         # One worker at a time: workers ending together would time the front under each
         # other's load, and each add a session.
         with immediate(), leases.hold("front"):
-            confirmations = confirm_front(study, rebuilder, protocol, constraints)
+            if confirm:
+                confirmations = confirm_front(study, rebuilder, protocol, constraints)
         if confirmations:
             record_front(study)
         _revise_point_latencies(tracker, study)

@@ -9,7 +9,7 @@ from tuner.console import console
 from tuner.secrets import mask_url
 
 if TYPE_CHECKING:
-    pass
+    from tuner.store import Machine
 
 
 def confirming_front(keys: int, sessions: int) -> None:
@@ -116,3 +116,16 @@ def review_hint(
     console.print(f"  runs (add val_accuracy, {objective} and the pareto tag as columns): {runs}")
     if parent_run_id:
         console.print(f"  the front (Artifacts, pareto/front.html): {runs}/{parent_run_id}")
+
+
+def machine(recorded: tuple[Machine, Machine | None]) -> None:
+    """The name this machine's latencies are filed under, what it is, and what an earlier
+    record under the same name said where that differs."""
+    now, earlier = recorded
+    console.print(f"Machine: {now.name} ({now.describe()}; deploy.machine)")
+    if earlier is not None:
+        console.print(
+            f"  [yellow]machine '{now.name}' was recorded as {earlier.describe()} at "
+            f"{earlier.at}, with other protocol or library versions: its latencies measured "
+            "then are kept, and this machine's are measured anew[/]"
+        )

@@ -33,7 +33,7 @@ from tuner.edits import EDITS, SAME_EDIT
 from tuner.errors import ConfigError
 from tuner.front import Constraints
 from tuner.keys import BACKEND_KEY
-from tuner.latency import LatencyProtocol, forget_readings, gpu_record
+from tuner.latency import LatencyProtocol, forget_readings, gpu_record, machine_name
 from tuner.modalities import MODALITIES, Modality
 from tuner.models import MODEL_FAMILIES
 from tuner.store import Leases
@@ -229,6 +229,7 @@ def protocol_record_of(
         **protocol.record(prefix="latency."),
         **gpu_record(str(cfg.deploy.device), prefix="latency."),
         "latency.input_shape": example.shape(),
+        "latency.machine": machine_name(cfg.deploy.get("machine")),
     }
 
 
@@ -240,3 +241,8 @@ def calibration_inputs(train_data: Encoded, samples: int) -> list[tuple[torch.Te
     backends that calibrate activation ranges."""
     batches = train_data.batches(_CALIBRATION_BATCH)
     return [batch.inputs for batch in itertools.islice(batches, -(-samples // _CALIBRATION_BATCH))]
+
+
+def calibration_examples(samples: int) -> int:
+    """How many of the first training examples the calibration batches of `samples` hold."""
+    return -(-samples // _CALIBRATION_BATCH) * _CALIBRATION_BATCH

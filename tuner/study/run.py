@@ -18,7 +18,7 @@ from tuner.data import Encoded
 from tuner.front import Point, PruningSettings
 from tuner.insight import MachinePeak
 from tuner.interrupts import interruptible, raise_if_interrupted
-from tuner.store import budget
+from tuner.store import budget, record_machine
 from tuner.study import messages
 from tuner.study.confirmation import Rebuilder, front_unconfirmed
 from tuner.study.finishing import finish_front, summarised
@@ -49,6 +49,8 @@ def run_study(
     n_trials = int(cfg.study.n_trials)
     finished = nothing_left(study, n_trials)
     protocol_record = protocol_record_of(cfg, protocol, ready.data.example)
+    study_id = ready.storage.get_study_id_from_name(study.study_name)
+    messages.machine(record_machine(ready.storage, study_id, protocol_record))
     # A finished study's run goes on only to confirm a front still short of sessions that it
     # can time here (one that met a long slow spell, or that a higher front_sessions asks
     # more of).
@@ -66,7 +68,6 @@ def run_study(
     )
     modality, splits = ready.data.modality, ready.data.splits
     train_data = modality.encode(splits.train.items, splits.train.labels)
-    study_id = ready.storage.get_study_id_from_name(study.study_name)
     with tempfile.TemporaryDirectory(prefix="tuner-inputs-") as inputs_dir:
         # Saved once: every logged model ships the input pipeline (tokenizer, or image
         # normalisation) beside its backend artifact.
@@ -158,7 +159,7 @@ def _run_trials(
                 run_to_budget(
                     study,
                     objective,
-                    _publisher(record_front, context.n_trials),
+                    _publisher(record_front, context.n_trials, objective),
                     context.n_trials,
                     int(context.cfg.study.heartbeat.interval),
                     lambda: requeue_orphans(
@@ -180,6 +181,7 @@ def _run_trials(
                 context.constraints,
                 record_front,
                 tracker,
+                confirm=context.target_machine is None,
             )
             # A run that trained nothing has published no front yet.
             if finished and not moved:
@@ -192,12 +194,15 @@ def _run_trials(
         raise
 
 
-def _publisher(record_front: RecordFront, n_trials: int) -> Publish:
+def _publisher(record_front: RecordFront, n_trials: int, objective: Objective) -> Publish:
     """What runs after each of this worker's trials: the front published, the study stopped at
-    its budget, and an interrupt that waited for the trial's records raised."""
+    its budget or by what its trial raised to stop it (`Objective.stopped`), and an interrupt
+    that waited for the trial's records raised."""
 
     def publish(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
         record_front(study)
+        if objective.stopped is not None:
+            raise objective.stopped
         trials = study.get_trials(deepcopy=False)
         # Running trials of every worker count, so the last ones stop without asking for more.
         if budget.trained(trials) >= n_trials:

@@ -229,13 +229,7 @@ class Tracker:
         """Write the front on the parent run (table, plots, a summary as its description, and
         where its points were profiled, their time by op class) and re-tag every trial run of
         the study with `pareto`."""
-        title = f"{study_name}: accuracy vs latency"
-        with tempfile.TemporaryDirectory() as tmp:
-            directory = Path(tmp)
-            front_table(points).to_csv(directory / "front.csv", index=False)
-            plot_front_png(points, title, directory / "front.png")
-            plot_front_html(points, title, directory / "front.html")
-            self.client.log_artifacts(parent_id, str(directory), "pareto")
+        self._log_front(parent_id, points, f"{study_name}: accuracy vs latency", "pareto")
         if profiled_front(points):
             with tempfile.TemporaryDirectory() as tmp:
                 directory, title = Path(tmp), f"{study_name}: where the front's time goes"
@@ -245,6 +239,46 @@ class Tracker:
         # MLflow shows this tag as the run's description.
         self.client.set_tag(parent_id, "mlflow.note.content", note)
         self._tag_pareto(study_name, {p.trial_number: p.pareto for p in points})
+
+    def publish_machine_front(
+        self, parent_id: str, study_name: str, machine: str, points: list[Point], note: str
+    ) -> None:
+        """Write the front at one machine's latencies on the parent run
+        (`pareto/<machine>/front.csv|png|html`, the note as `front.md`) and tag every trial run
+        of the study with `pareto.<machine>`: whether its point is on that front (`none`: not
+        measured there)."""
+        title = f"{study_name} on {machine}: accuracy vs latency"
+        self._log_front(parent_id, points, title, f"pareto/{machine}", note)
+        on_front = {p.trial_number: str(p.pareto).lower() for p in points}
+        for run in self._study_runs(study_name):
+            number = run.data.tags.get("optuna.trial_number")
+            wanted = "none" if number is None else on_front.get(int(number), "none")
+            if run.data.tags.get(f"pareto.{machine}") != wanted:
+                self.client.set_tag(run.info.run_id, f"pareto.{machine}", wanted)
+
+    def _log_front(
+        self, parent_id: str, points: list[Point], title: str, folder: str, note: str = ""
+    ) -> None:
+        """The front as `front.csv`, `front.png` and `front.html` (and the note as `front.md`)
+        in the parent run's `folder`."""
+        with tempfile.TemporaryDirectory() as tmp:
+            directory = Path(tmp)
+            front_table(points).to_csv(directory / "front.csv", index=False)
+            plot_front_png(points, title, directory / "front.png")
+            plot_front_html(points, title, directory / "front.html")
+            if note:
+                (directory / "front.md").write_text(note + "\n")
+            self.client.log_artifacts(parent_id, str(directory), folder)
+
+    def latest_parent(self, study_name: str) -> str | None:
+        """The study's latest parent run (one per invocation of `python -m tuner`)."""
+        runs = self.client.search_runs(
+            [self.experiment_id],
+            filter_string=f"tags.`optuna.study` = '{study_name}' and tags.`{ROLE_TAG}` = 'study'",
+            order_by=["attributes.start_time DESC"],
+            max_results=1,
+        )
+        return runs[0].info.run_id if runs else None
 
     def close_abandoned(
         self, study_name: str, trained_in: int, reason: str, status: str = "FAILED"

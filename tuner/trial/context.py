@@ -87,6 +87,13 @@ class TrialContext:
         """The latency objective's name (a point's metric), by the study's statistic."""
         return objective_name(self.protocol.statistic)
 
+    @property
+    def target_machine(self) -> str | None:
+        """The machine whose latencies the study ranks by (`study.target_machine`); None: this
+        worker's own."""
+        target = self.cfg.study.get("target_machine")
+        return None if target is None else str(target)
+
     def latency_table(self) -> LatencyTable:
         return LatencyTable.of_study(self.storage, self.study_id)
 

@@ -19,7 +19,7 @@ from tuner.latency import LatencyResult, Timed, time_rounds
 from tuner.latency import messages as latency_messages
 from tuner.models import ModelRecipe
 from tuner.store import LatencyTable, digest_of, latency_key, record_session
-from tuner.trial import messages
+from tuner.trial import messages, target
 from tuner.trial.context import TrialContext
 
 # Backend -> its latency key in the study's table; None for a backend whose graph depends on
@@ -114,7 +114,8 @@ def with_one_more_round(
     have = table.round_count(digest)
     if have == 0:
         return None
-    if have < ctx.protocol.max_rounds:
+    # A target machine's latencies are timed there, never here.
+    if have < ctx.protocol.max_rounds and ctx.target_machine is None:
         # Judged as any round, silently: a line per backend's added round would bury the
         # trial's own lines.
         added = time_rounds({"": logits_of}, ctx.example, ctx.protocol, rounds=1)
@@ -132,6 +133,8 @@ def first_latencies(
     waiting = {b: r.logits_of for b, r in results.items() if r.logits_of is not None}
     if not waiting:
         return {}
+    if ctx.target_machine is not None:
+        return {b: _on_target(ctx, results[b], keys[b]) for b in waiting}
     try:
         measured = time_rounds(
             waiting, ctx.example, ctx.protocol, on_set_aside=latency_messages.rounds_set_aside
@@ -166,3 +169,14 @@ def first_latencies(
             continue
         updated[backend] = replace(results[backend], latency=latency, logits_of=None)
     return updated
+
+
+def _on_target(
+    ctx: TrialContext, result: BackendResult, key: Mapping[str, Any] | None
+) -> BackendResult:
+    """A result given its latency on the target machine (`study.target_machine`), or failed
+    with why it has none."""
+    latency = target.known_latency(ctx.latency_table(), key)
+    if latency is None:
+        return replace(result, error=target.why_not_measured(ctx, key), logits_of=None)
+    return replace(result, latency=latency, logits_of=None)

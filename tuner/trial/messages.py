@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from tuner.console import console, short
-from tuner.errors import TrialFailed
+from tuner.errors import StudyStopped, TrialFailed
 from tuner.secrets import mask_urls_in
 
 if TYPE_CHECKING:
@@ -81,7 +81,7 @@ def trial_pruned(trial_number: int, reason: str) -> None:
 
 def trial_failed(trial_number: int, reason: str, error: BaseException) -> None:
     console.print(f"  [red]trial #{trial_number} failed:[/] {mask_urls_in(reason)}")
-    if not isinstance(error, TrialFailed):
+    if not isinstance(error, (TrialFailed, StudyStopped)):
         # Unexpected: keep the traceback, which Optuna's own report of it would have shown.
         print(mask_urls_in("".join(traceback.format_exception(error))), file=sys.stderr)
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,7 @@ from torch import nn
 from tuner.config import fits, with_params
 from tuner.deploy import BackendFailed
 from tuner.edits import kept_heads
+from tuner.errors import StudyStopped
 from tuner.front import NotWorthTraining, baseline_of, over_budget_reason
 from tuner.interrupts import deferred, immediate, raise_if_interrupted
 from tuner.keys import (
@@ -62,7 +64,7 @@ from tuner.store import (
     trial_id_of,
 )
 from tuner.trial import latency as trial_latency
-from tuner.trial import messages
+from tuner.trial import messages, target
 from tuner.trial.context import TrialContext
 from tuner.trial.deployment import deploy_everywhere, record_points
 from tuner.trial.latency import LatencyKeys
@@ -90,6 +92,9 @@ class Objective:
 
     def __init__(self, context: TrialContext) -> None:
         self.context = context
+        # What stops the study, raised by a trial that Optuna fails and goes on after: the
+        # worker raises it once the trial is recorded (`tuner.study.run`).
+        self.stopped: StudyStopped | None = None
 
     def __call__(self, trial: optuna.Trial) -> tuple[float, float]:
         ctx = self.context
@@ -108,6 +113,8 @@ class Objective:
         except Exception as exc:
             if is_transient(exc):
                 self._lost_database(trial, exc)
+            if isinstance(exc, StudyStopped):
+                self.stopped = exc
             raise
         except KeyboardInterrupt:
             with deferred():
@@ -118,6 +125,8 @@ class Objective:
         ctx = self.context
         # An interrupt that waited while Optuna created this trial stops it before any run.
         raise_if_interrupted()
+        # How long the trial waits for its target machine's latencies, from its start.
+        deadline = time.monotonic() + float(ctx.cfg.study.target_wait_s)
         teacher = self._teacher(trial)
         params = self._params(trial, teacher)
         cfg = with_params(ctx.cfg, params)
@@ -138,13 +147,9 @@ class Objective:
                 with immediate():
                     # A stored teacher whose files are gone is trained again: none replayed.
                     model, stored_teacher = starting_model(ctx, cfg, stored_teacher)
-                    self._record_kept_heads(trial, run_id, model)
-                    keys = trial_latency.latency_keys(
-                        cfg, structure_of(model), backends, ctx.protocol_record
+                    keys = self._before_training(
+                        trial, run_id, model, cfg, backends, Path(workdir), teacher, deadline
                     )
-                    # The teacher is trained whatever its latency: students need it.
-                    if teacher is None:
-                        self._time_untrained(model, cfg, keys, Path(workdir))
                     trained = train_once(
                         ctx,
                         model,
@@ -251,17 +256,51 @@ class Objective:
             and t.state in (TrialState.COMPLETE, TrialState.FAIL)
         }
 
-    def _time_untrained(
-        self, model: nn.Module, cfg: DictConfig, keys: LatencyKeys, workdir: Path
-    ) -> None:
-        """Time the untrained model on every backend, and refuse to train one over the latency
-        budget (`NotWorthTraining`)."""
+    def _before_training(
+        self,
+        trial: optuna.Trial,
+        run_id: str,
+        model: nn.Module,
+        cfg: DictConfig,
+        backends: list[str],
+        workdir: Path,
+        teacher: Mapping[str, Any] | None,
+        deadline: float,
+    ) -> LatencyKeys:
+        """The heads the model kept and its latency keys recorded, its latencies known where
+        anything decides on them before training (`_time_untrained`); returns the keys."""
         ctx = self.context
+        self._record_kept_heads(trial, run_id, model)
+        keys = trial_latency.latency_keys(cfg, structure_of(model), backends, ctx.protocol_record)
+        keys = target.announced(ctx, trial, keys, deadline)
+        self._time_untrained(model, cfg, keys, workdir, teacher, deadline)
+        return keys
+
+    def _time_untrained(
+        self,
+        model: nn.Module,
+        cfg: DictConfig,
+        keys: LatencyKeys,
+        workdir: Path,
+        teacher: Mapping[str, Any] | None,
+        deadline: float,
+    ) -> None:
+        """Time the untrained model on every backend (or wait for the target machine's
+        latencies of it), and refuse to train one over the latency budget
+        (`NotWorthTraining`): never the teacher, which students need whatever its latency."""
+        ctx = self.context
+        if ctx.target_machine is not None:
+            latencies = target.target_latencies(ctx, keys, deadline)
         # Only a latency budget and early stopping decide anything before training ends;
         # without them the trained artifacts are timed, converted only once.
-        if not (ctx.pruning.enabled or ctx.constraints.latency_budget_ms is not None):
+        elif teacher is not None or not (
+            ctx.pruning.enabled or ctx.constraints.latency_budget_ms is not None
+        ):
             return
-        latencies = trial_latency.before_training(ctx, model, cfg, keys, workdir / "untrained")
+        else:
+            latencies = trial_latency.before_training(ctx, model, cfg, keys, workdir / "untrained")
+        if teacher is not None:
+            return
         budget_ms = ctx.constraints.latency_budget_ms
         over_budget = over_budget_reason(latencies, budget_ms, ctx.protocol.statistic)
         if over_budget:

@@ -1,0 +1,257 @@
+"""Latencies measured where the model will serve: measuring workers (`python -m tuner.measure`)
+and a front per machine, on real PostgreSQL with real `python -m tuner` processes. Two machine
+names on this one box stand for two machines, one of them with oneDNN held to AVX2."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+from mlflow.tracking import MlflowClient
+
+from tuner.keys import EAGER_ACCURACY_ATTR, FAIL_REASON_ATTR, LATENCY_KEY_ATTR, ROLE_TAG
+from tuner.store.latency_table import LatencyTable, digest_of, key_on
+from tuner.store.machines import machines_in
+
+pytestmark = pytest.mark.slow
+
+TrialState = optuna.trial.TrialState
+# One session per key, every round counted, so that a latency is the median of its rounds'
+# medians, worked out here by hand.
+SMOKE = (
+    "+experiment=bert_ffn",
+    "debug=smoke",
+    "deploy.backends=[eager,onnxruntime_int8]",
+    "deploy.latency.front_sessions=1",
+    "deploy.latency.steady_within=null",
+)
+STUDY = "bert_ffn-smoke"
+# Rounds of a first measurement at debug=smoke (deploy.latency.rounds).
+ROUNDS = 5
+AVX2 = {"ONEDNN_MAX_CPU_ISA": "AVX2"}
+
+
+def _stores(postgres_database) -> tuple[str, str]:
+    storage, tracking = postgres_database("optuna"), postgres_database("mlflow")
+    MlflowClient(tracking).search_experiments()
+    return storage, tracking
+
+
+def _command(module: str, cwd: Path, storage: str, tracking: str, *args: str) -> list[str]:
+    hydra = [f"hydra.run.dir={cwd}/outputs"] if module == "tuner" else []
+    return [
+        sys.executable,
+        "-m",
+        module,
+        *SMOKE,
+        f"study.storage={storage}",
+        f"tracking.uri={tracking}",
+        *hydra,
+        *args,
+    ]
+
+
+def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    return {**os.environ, "PYTHONUNBUFFERED": "1", "HYDRA_FULL_ERROR": "0", **(extra or {})}
+
+
+def _run(module: str, cwd: Path, stores: tuple[str, str], *args: str, env=None):
+    return subprocess.run(
+        _command(module, cwd, *stores, *args),
+        cwd=cwd,
+        env=_env(env),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+
+
+def _start(module: str, cwd: Path, stores: tuple[str, str], *args: str, env=None):
+    return subprocess.Popen(
+        _command(module, cwd, *stores, *args),
+        cwd=cwd,
+        env=_env(env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def _points(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    return study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+
+
+def _latencies_on(study: optuna.Study, machine: str) -> dict[int, float | None]:
+    """Trial -> its p50 on `machine`, read from the stored sessions by hand: the point's key
+    with the machine's protocol record, and the median of its rounds' medians."""
+    table = LatencyTable.of_attrs(study.user_attrs)
+    record = machines_in(study.user_attrs)[machine].record
+    found = {}
+    for trial in _points(study):
+        key = table.keys[trial.user_attrs[LATENCY_KEY_ATTR]]
+        sessions = table.sessions.get(digest_of(key_on(key, record)), [])
+        medians = sorted(_median(r) for s in sessions for r in s.rounds)
+        found[trial.number] = _median(medians) if medians else None
+    return found
+
+
+def _median(values: list[float]) -> float:
+    ordered, middle = sorted(values), len(values) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+
+
+def _front(points: dict[int, tuple[float, float]]) -> set[int]:
+    """Trials no other point beats on both accuracy and latency (and is not worse on either)."""
+    return {
+        number
+        for number, (accuracy, latency) in points.items()
+        if not any(
+            a >= accuracy and lat <= latency and (a > accuracy or lat < latency)
+            for other, (a, lat) in points.items()
+            if other != number
+        )
+    }
+
+
+def _sessions_are_whole(study: optuna.Study) -> None:
+    for name, session in study.user_attrs.items():
+        if name.startswith("latency:"):
+            assert len(session["rounds"]) == ROUNDS and all(session["rounds"]), name
+
+
+def test_a_measuring_worker_fills_its_machine_s_table_and_the_report_recommends_from_it(
+    tmp_path, postgres_database
+):
+    stores = _stores(postgres_database)
+    trained = _run("tuner", tmp_path, stores)
+    assert trained.returncode == 0, trained.stdout + trained.stderr
+    measured = _run("tuner.measure", tmp_path, stores, "deploy.machine=avx2", env=AVX2)
+    assert measured.returncode == 0, measured.stdout + measured.stderr
+    study = optuna.load_study(study_name=STUDY, storage=stores[0])
+    machines = machines_in(study.user_attrs)
+    assert machines["avx2"].record["latency.kernel_caps"] == AVX2
+    trainer = next(name for name in machines if name != "avx2")
+    on_avx2 = _latencies_on(study, "avx2")
+    assert None not in on_avx2.values() and len(on_avx2) == 4
+    _sessions_are_whole(study)
+
+    # The front on avx2, worked out here from its latencies, is the one published and tagged.
+    accuracy = {t.number: t.values[0] for t in _points(study)}
+    front = _front({n: (accuracy[n], on_avx2[n]) for n in on_avx2})
+    client = MlflowClient(stores[1])
+    experiment = client.get_experiment_by_name(STUDY)
+    runs = client.search_runs([experiment.experiment_id], max_results=100)
+    parent = next(r for r in runs if r.data.tags.get(ROLE_TAG) == "study")
+    path = client.download_artifacts(parent.info.run_id, "pareto/avx2/front.csv", str(tmp_path))
+    published = {int(line.split(",")[0]) for line in Path(path).read_text().splitlines()[1:]}
+    assert published == front
+    tagged = {
+        int(r.data.tags["optuna.trial_number"])
+        for r in runs
+        if r.data.tags.get("pareto.avx2") == "true"
+    }
+    assert tagged == front
+    assert "hypervolume.avx2" in client.get_run(parent.info.run_id).data.metrics
+
+    # The report's default rule: the fastest point within 1 accuracy point of the best eager
+    # fp32 model, at avx2's latencies.
+    baseline = max(t.user_attrs[EAGER_ACCURACY_ATTR] for t in _points(study))
+    within = [n for n in on_avx2 if accuracy[n] >= baseline - 0.01 - 1e-9]
+    expected = min(within, key=lambda n: on_avx2[n])
+    report = _run("tuner.report", tmp_path, stores, "--machine", "avx2", "--skip-test")
+    assert report.returncode == 0, report.stdout + report.stderr
+    assert re.search(rf"Recommended: trial #{expected} ", report.stdout), report.stdout
+    listed = _run("tuner.report", tmp_path, stores, "--machines")
+    assert "avx2: 4 of 4 points measured" in listed.stdout
+    assert f"{trainer}: 4 of 4 points measured" in listed.stdout
+    unknown = _run("tuner.report", tmp_path, stores, "--machine", "nope")
+    assert unknown.returncode == 2
+    assert "nope" in unknown.stderr and "avx2" in unknown.stderr and trainer in unknown.stderr
+
+    # Run again, it finds nothing to do.
+    again = _run("tuner.measure", tmp_path, stores, "deploy.machine=avx2", env=AVX2)
+    assert again.returncode == 0 and "Timed 0 latencies on avx2" in again.stdout
+
+    # A worker killed mid-measurement leaves only whole sessions, and the next one measures
+    # what it left.
+    worker = _start("tuner.measure", tmp_path, stores, "deploy.machine=killed")
+    assert worker.stdout is not None
+    for line in worker.stdout:
+        if " ms (" in line:  # the first key timed: the worker is on its way through the rest
+            break
+    worker.send_signal(signal.SIGKILL)
+    worker.wait(timeout=60)
+    study = optuna.load_study(study_name=STUDY, storage=stores[0])
+    _sessions_are_whole(study)
+    left = _latencies_on(study, "killed")
+    assert 0 < sum(v is not None for v in left.values()) < len(left)
+    # Two workers for one machine at once: every key measured, no session broken.
+    both = [_start("tuner.measure", tmp_path, stores, "deploy.machine=killed") for _ in range(2)]
+    for process in both:
+        output = process.communicate(timeout=600)[0]
+        assert process.returncode == 0, output
+    study = optuna.load_study(study_name=STUDY, storage=stores[0])
+    _sessions_are_whole(study)
+    assert None not in _latencies_on(study, "killed").values()
+
+
+def test_a_study_aimed_at_a_machine_ranks_by_its_measuring_worker_s_latencies(
+    tmp_path, postgres_database
+):
+    stores = _stores(postgres_database)
+    target = ("study.target_machine=edge", "study.target_wait_s=300")
+    trainer = _start("tuner", tmp_path, stores, *target)
+    assert trainer.stdout is not None
+    lines = []
+    for line in trainer.stdout:
+        lines.append(line)
+        if line.startswith("Machine:"):  # the study exists
+            break
+    measurer = _start(
+        "tuner.measure", tmp_path, stores, "deploy.machine=edge", "--follow", "--poll-s", "1"
+    )
+    output = "".join(lines) + trainer.communicate(timeout=900)[0]
+    assert trainer.returncode == 0, output
+    measured = measurer.communicate(timeout=300)[0]
+    assert measurer.returncode == 0, measured
+    study = optuna.load_study(study_name=STUDY, storage=stores[0])
+    table = LatencyTable.of_attrs(study.user_attrs)
+    points = _points(study)
+    assert len(points) == 4
+    on_edge = _latencies_on(study, "edge")
+    for point in points:
+        key = table.keys[point.user_attrs[LATENCY_KEY_ATTR]]
+        assert key["protocol"]["latency.machine"] == "edge"
+        assert point.values[1] == pytest.approx(on_edge[point.number], rel=1e-3)
+    # The training worker timed nothing itself: every session is the measuring worker's.
+    timed_on = {table.keys[d]["protocol"]["latency.machine"] for d in table.sessions}
+    assert timed_on == {"edge"}
+
+
+def test_a_target_no_measuring_worker_serves_stops_the_study_after_its_wait(
+    tmp_path, postgres_database
+):
+    stores = _stores(postgres_database)
+    started = time.monotonic()
+    result = _run("tuner", tmp_path, stores, "study.target_machine=edge", "study.target_wait_s=3")
+    assert result.returncode == 1
+    assert "no measuring worker for machine 'edge' (study.target_machine) is running" in (
+        result.stderr
+    )
+    assert "python -m tuner.measure +experiment=bert_ffn debug=smoke" in result.stderr
+    assert "deploy.machine=edge --follow" in result.stderr
+    assert time.monotonic() - started < 300
+    study = optuna.load_study(study_name=STUDY, storage=stores[0])
+    assert not _points(study)
+    failed = study.get_trials(states=(TrialState.FAIL,))
+    assert (
+        failed
+        and "no measuring worker for machine 'edge'" in failed[0].user_attrs[FAIL_REASON_ATTR]
+    )
