@@ -59,11 +59,17 @@ def _describe(point: Point | None) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cap", default="AVX2", help="ONEDNN_MAX_CPU_ISA of the capped machine")
+    parser.add_argument(
+        "--keep", type=Path, default=None, metavar="DIR", help="run in DIR and keep the stores"
+    )
     args, extra = parser.parse_known_args()
     extra = [e for e in extra if e != "--"]
     capped = f"onednn-{args.cap.lower()}"
     print(f"CPU: {cpu_model()}; flags {isa_flags()}; {os.cpu_count()} cores")
-    with tempfile.TemporaryDirectory(prefix="bench-machines-") as directory:
+    if args.keep is not None:
+        args.keep.mkdir(parents=True, exist_ok=False)
+    with tempfile.TemporaryDirectory(prefix="bench-machines-") as temporary:
+        directory = str(args.keep or temporary)
         storage = f"sqlite:///{directory}/optuna.db"
         stores = [f"study.storage={storage}", f"tracking.uri=sqlite:///{directory}/mlflow.db"]
         study_s = _timed(
@@ -104,7 +110,6 @@ def main() -> None:
             )
             verdict = "the same" if same else f"{_describe(point)} instead of {_describe(base)}"
             print(f"recommendation on {name}: {verdict}")
-        Path(directory, "done").touch()
 
 
 if __name__ == "__main__":

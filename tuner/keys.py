@@ -76,6 +76,11 @@ PEAK_ATTR_PREFIX = "machine_peak:"
 # A machine latencies are measured on, by its `deploy.machine` name (`tuner.store.machines`).
 MACHINE_ATTR_PREFIX = "machine:"
 
+# --- MLflow run artifacts ------------------------------------------------------------------
+# Beside a point's logged model: the label it predicted for each validation example when it was
+# deployed, against which another machine re-checks the model (`python -m tuner.measure`).
+PREDICTIONS_ARTIFACT = "deploy/val_predictions.json"
+
 # --- MLflow run tags -----------------------------------------------------------------------
 # What a run is: `study` (the parent run) or `trial` (a trial's, or a point's).
 ROLE_TAG = "tuner.role"
@@ -98,3 +103,7 @@ PRUNED_TAG = "tuner.pruned"
 # the data fingerprint of that split, so that a value measured on another split is never reused.
 TEST_EXAMPLES_TAG = "tuner.test_examples"
 TEST_SPLIT_TAG = "tuner.test_split"
+# Set on a front point's run by a measuring worker (its machine's name follows the prefix):
+# whether its logged model, run there, changed more of its validation predictions than
+# `deploy.agreement_tolerance` allows.
+DISAGREES_TAG_PREFIX = "tuner.disagrees."

@@ -53,7 +53,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def measure(args: argparse.Namespace) -> int:
-    from tuner.study import front_lines, measuring_worker, publish_machine_front, study_over
+    from tuner.front import front_of
+    from tuner.study import (
+        front_lines,
+        measuring_worker,
+        publish_machine_front,
+        recheck_front,
+        recheck_note,
+        study_over,
+    )
     from tuner.tracking import Tracker
 
     if args.poll_s <= 0:
@@ -73,8 +81,17 @@ def measure(args: argparse.Namespace) -> int:
         + (f"; {given_up} could not be timed here (said above)" if given_up else "")
     )
     tracker = Tracker(str(cfg.tracking.uri), str(cfg.tracking.experiment))
+    constraints = worker.measurer.constraints
+    here, _, _ = front_of(study.get_trials(deepcopy=False), study.user_attrs, constraints, machine)
+    tolerance = float(cfg.deploy.agreement_tolerance)
+    rechecked = recheck_front(here, worker.splits, tracker.client, machine.name, tolerance)
     points = publish_machine_front(
-        study, machine, worker.measurer.constraints, tracker, cfg.study.hypervolume_reference
+        study,
+        machine,
+        constraints,
+        tracker,
+        cfg.study.hypervolume_reference,
+        [recheck_note(found, machine.name, tolerance) for found in rechecked],
     )
     front = sum(p.pareto for p in points)
     console.console.print(

@@ -43,7 +43,7 @@ from tuner.front import (
 )
 from tuner.front import messages as front_messages
 from tuner.insight import MachinePeak, stored_peaks
-from tuner.keys import MODEL_ABSENT_TAG, MODEL_ERROR_TAG, RETRAIN_TAG
+from tuner.keys import DISAGREES_TAG_PREFIX, MODEL_ABSENT_TAG, MODEL_ERROR_TAG, RETRAIN_TAG
 from tuner.latency import objective_name
 from tuner.secrets import mask_urls_in
 from tuner.store import CurrentSplit, data_changes, data_fingerprint, machines_in, settings_of
@@ -251,6 +251,8 @@ def report(args: argparse.Namespace) -> int:
         status = 1
     else:
         front_messages.recommendation(point, rule.describe())
+        if machine is not None:
+            rechecked_on(point, machine.name, client)
         where_time_goes(point, eager_point_of(points, baseline), stored_peaks(study.user_attrs))
         test_split = split.fingerprint or data_fingerprint(settings_of(cfg))
         changed = bool(data_changes(study.user_attrs))
@@ -262,6 +264,27 @@ def report(args: argparse.Namespace) -> int:
     if to_profile is not None:
         profile_on_demand(to_profile, splits_of, client)
     return status
+
+
+def rechecked_on(point: Point, machine: str, client: mlflow.MlflowClient) -> None:
+    """What the measuring worker of `machine` found when it ran the point's logged model
+    there, where it did."""
+    if point.mlflow_run_id is None:
+        return
+    data = client.get_run(point.mlflow_run_id).data
+    agreement = data.metrics.get(f"agreement.{machine}")
+    if agreement is None:
+        return
+    if data.tags.get(f"{DISAGREES_TAG_PREFIX}{machine}") == "true":
+        console.console.print(
+            f"[yellow]On {machine} its logged model repeats only {agreement:.1%} of the "
+            "validation predictions it made when deployed (tuner.disagrees): check its accuracy "
+            "there before serving it.[/]"
+        )
+    else:
+        console.console.print(
+            f"On {machine} its logged model repeats {agreement:.1%} of its validation predictions."
+        )
 
 
 def list_machines(study: optuna.Study, constraints: Constraints) -> None:

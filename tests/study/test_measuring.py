@@ -4,6 +4,7 @@ names on this one box stand for two machines, one of them with oneDNN held to AV
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -179,6 +180,8 @@ def test_a_measuring_worker_fills_its_machine_s_table_and_the_report_recommends_
     again = _run("tuner.measure", tmp_path, stores, "deploy.machine=avx2", env=AVX2)
     assert again.returncode == 0 and "Timed 0 latencies on avx2" in again.stdout
 
+    _rechecks_its_front_against_the_recorded_predictions(tmp_path, stores, trainer)
+
     # A worker killed mid-measurement leaves only whole sessions, and the next one measures
     # what it left.
     worker = _start("tuner.measure", tmp_path, stores, "deploy.machine=killed")
@@ -238,7 +241,10 @@ def test_a_study_aimed_at_a_machine_ranks_by_its_measuring_worker_s_latencies(
 def test_a_target_no_measuring_worker_serves_stops_the_study_after_its_wait(
     tmp_path, postgres_database
 ):
-    stores = _stores(postgres_database)
+    storage, tracking = _stores(postgres_database)
+    # A password in the storage URL (the local server trusts local connections, so any will
+    # do) must not reach the message, which repeats the command line.
+    stores = (storage.replace("://postgres@", "://postgres:s3cret@"), tracking)
     started = time.monotonic()
     result = _run("tuner", tmp_path, stores, "study.target_machine=edge", "study.target_wait_s=3")
     assert result.returncode == 1
@@ -246,12 +252,49 @@ def test_a_target_no_measuring_worker_serves_stops_the_study_after_its_wait(
         result.stderr
     )
     assert "python -m tuner.measure +experiment=bert_ffn debug=smoke" in result.stderr
+    assert "study.storage=postgresql+psycopg://postgres:***@" in result.stderr
+    assert "s3cret" not in result.stderr + result.stdout
     assert "deploy.machine=edge --follow" in result.stderr
     assert time.monotonic() - started < 300
-    study = optuna.load_study(study_name=STUDY, storage=stores[0])
+    study = optuna.load_study(study_name=STUDY, storage=storage)
     assert not _points(study)
     failed = study.get_trials(states=(TrialState.FAIL,))
     assert (
         failed
         and "no measuring worker for machine 'edge'" in failed[0].user_attrs[FAIL_REASON_ATTR]
     )
+
+
+def _rechecks_its_front_against_the_recorded_predictions(
+    tmp_path: Path, stores: tuple[str, str], machine: str
+) -> None:
+    """On the machine that deployed them, the front's logged models repeat every prediction
+    they recorded; a point whose record says otherwise on 13 of its 128 validation examples
+    agrees on 115/128 and is marked, and the report says so."""
+    rechecked = _run("tuner.measure", tmp_path, stores, f"deploy.machine={machine}")
+    assert rechecked.returncode == 0, rechecked.stdout + rechecked.stderr
+    client = MlflowClient(stores[1])
+    experiment = client.get_experiment_by_name(STUDY)
+    runs = client.search_runs([experiment.experiment_id], max_results=100)
+    checked = [r for r in runs if f"agreement.{machine}" in r.data.metrics]
+    assert checked, rechecked.stdout
+    for run in checked:
+        assert run.data.metrics[f"agreement.{machine}"] == 1.0
+        assert run.data.tags[f"tuner.disagrees.{machine}"] == "false"
+    tampered = checked[0]
+    path = client.download_artifacts(
+        tampered.info.run_id, "deploy/val_predictions.json", str(tmp_path / "predictions")
+    )
+    labels = json.loads(Path(path).read_text())["labels"]
+    assert len(labels) == 128
+    names = sorted(set(labels)) + ["another label"]
+    flipped = [
+        names[(names.index(label) + 1) % 2] if i < 13 else label for i, label in enumerate(labels)
+    ]
+    client.log_dict(tampered.info.run_id, {"labels": flipped}, "deploy/val_predictions.json")
+    again = _run("tuner.measure", tmp_path, stores, f"deploy.machine={machine}")
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert f"marked tuner.disagrees.{machine}=true" in again.stdout
+    run = client.get_run(tampered.info.run_id)
+    assert run.data.metrics[f"agreement.{machine}"] == pytest.approx(115 / 128)
+    assert run.data.tags[f"tuner.disagrees.{machine}"] == "true"

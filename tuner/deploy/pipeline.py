@@ -81,6 +81,8 @@ class BackendResult:
     profile: OpProfile | None = None
     profile_absent: str | None = None
     error: str | None = None
+    # The label index it predicts for each validation example, in the data's order.
+    val_predictions: list[int] = field(default_factory=list)
 
     def metrics(self) -> dict[str, float]:
         """What is logged for a complete point (the contract's names first)."""
@@ -221,7 +223,8 @@ def deploy_on(
             converted = convert_into(
                 deployment, backend_name, model, recipe, example, deploy_cfg, calibration
             )
-            checks = check_outputs(collect_logits(converted.logits_of, val_data), reference)
+            logits = collect_logits(converted.logits_of, val_data)
+            checks = check_outputs(logits, reference)
         # Timed once the memory sampler's thread has stopped: no round of the protocol, this
         # one or those timed later, runs with a sampler beside it.
         if timer is None:
@@ -241,6 +244,7 @@ def deploy_on(
         artifact=converted.artifact,
         logits_of=converted.logits_of if latency is None else None,
         notes=converted.notes,
+        val_predictions=logits.argmax(-1).tolist(),
         **_where_time_goes(backend_name, converted, example, deploy_cfg),
         **checks,
     )

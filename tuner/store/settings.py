@@ -32,6 +32,7 @@ SHAPING = (
     "study.max_accuracy_drop",
     "study.latency_budget_ms",
     "study.hypervolume_reference",
+    "study.target_machine",
     "data",
     "deploy.latency",
 )
@@ -48,7 +49,7 @@ _NOT_SHAPING = frozenset(
     }
 )
 # Settings added after studies were made: what a study that lacks one was made with.
-_INTRODUCED = {STATISTIC_KEY: DEFAULT_STATISTIC}
+_INTRODUCED = {STATISTIC_KEY: DEFAULT_STATISTIC, "study.target_machine": None}
 # What the points already made were ranked by: never changed, not even on purpose.
 _FIXED = frozenset({"objectives", STATISTIC_KEY})
 _FIXED_HINT = (

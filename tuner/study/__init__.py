@@ -16,6 +16,7 @@ from tuner.study.machine_front import (
 )
 from tuner.study.measuring import measuring_worker, study_over
 from tuner.study.preparation import calibration_inputs, modality_for
+from tuner.study.recheck import recheck_front, recheck_note
 from tuner.study.run import run_study
 from tuner.study.stored_front import study_front
 from tuner.study.stored_study import load_study, study_settings
@@ -35,6 +36,8 @@ __all__ = [
     "measuring_worker",
     "modality_for",
     "publish_machine_front",
+    "recheck_front",
+    "recheck_note",
     "run_study",
     "study_front",
     "study_over",

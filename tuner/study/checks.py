@@ -152,6 +152,10 @@ VALUE_RULES: dict[str, Rule] = {
     "deploy.latency.steady_attempts": POSITIVE_INT,
     "deploy.latency.steady_wait_s": NON_NEGATIVE,
     "deploy.machine": MACHINE,
+    "deploy.agreement_tolerance": (
+        lambda v: _number(v) and 0 <= v <= 1,
+        "must be a share of predictions in [0, 1]",
+    ),
     "study.target_machine": MACHINE,
     "study.target_wait_s": POSITIVE,
     "study.pruning.enabled": BOOLEAN,

@@ -11,6 +11,7 @@ serves `scripts/retime_front.py`.
 
 from __future__ import annotations
 
+import json
 import tempfile
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -21,6 +22,7 @@ from typing import Any
 import optuna
 import torch
 from omegaconf import DictConfig
+from torch import nn
 
 from tuner import console
 from tuner.config import with_params
@@ -81,13 +83,17 @@ class Rebuilder:
     def rebuild(self, targets: Sequence[Target], workdir: Path) -> Rebuilt:
         """Each target's untrained architecture converted to its backend. A target whose
         rebuilt key is not the one it was measured under (another machine, other settings) or
-        that fails to convert is skipped with the reason: its rounds would belong elsewhere."""
+        that fails to convert is skipped with the reason: its rounds would belong elsewhere.
+        Targets of the same params share one model, and its backends one export (as a trial's
+        backends do)."""
         loaded, keys, skipped = {}, {}, {}
+        built: dict[str, tuple[DictConfig, nn.Module, Path]] = {}
         # Building and converting must not move the random stream of whatever runs next.
         with torch.random.fork_rng():
-            for index, target in enumerate(targets):
+            for target in targets:
                 try:
-                    key, logits_of = self._one(target, workdir / str(index))
+                    made = self._model(target, workdir, built)
+                    key, logits_of = self._one(target, *made)
                 except Exception as exc:
                     skipped[target.label] = f"{type(exc).__name__}: {exc}"
                     continue
@@ -100,22 +106,31 @@ class Rebuilder:
                 loaded[target.label], keys[target.label] = logits_of, key
         return Rebuilt(loaded, keys, skipped)
 
+    def _model(
+        self, target: Target, workdir: Path, built: dict[str, tuple[DictConfig, nn.Module, Path]]
+    ) -> tuple[DictConfig, nn.Module, Path]:
+        """The target's config, its untrained model and the directory its backends convert
+        into: built once per params."""
+        params = json.dumps(dict(target.params), sort_keys=True, default=str)
+        if params not in built:
+            cfg = with_params(self.cfg, target.params)
+            seed = int(cfg.train.seed)
+            model = untrained_model(cfg, lambda: self.factory.build(cfg.model, seed))
+            built[params] = (cfg, model.eval(), workdir / str(len(built)))
+        return built[params]
+
     def _one(
-        self, target: Target, workdir: Path
+        self, target: Target, cfg: DictConfig, model: nn.Module, deployment: Path
     ) -> tuple[dict[str, Any], Callable[..., Any] | None]:
         """The target's latency key as rebuilt here, and its artifact's call (None, not
         converted, where the key is not the one it was measured under)."""
-        cfg = with_params(self.cfg, target.params)
-        seed = int(cfg.train.seed)
-        model = untrained_model(cfg, lambda: self.factory.build(cfg.model, seed))
-        model.eval()
         key = latency_key(
             cfg.model, structure_of(model), target.backend, cfg.deploy, self.protocol_record
         )
         if target.digest is not None and digest_of(key) != target.digest:
             return key, None
         converted = convert_into(
-            workdir,
+            deployment,
             target.backend,
             model,
             ModelRecipe.of(cfg.model, self.factory.num_labels),

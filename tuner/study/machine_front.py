@@ -44,9 +44,10 @@ def publish_machine_front(
     constraints: Constraints,
     tracker: Tracker,
     hypervolume_reference: DictConfig,
+    notes: Sequence[str] = (),
 ) -> list[Point]:
     """The front at `machine`'s latencies, on the study's latest MLflow parent run (said where
-    the study has none); returns its points."""
+    the study has none), with `notes` below its summary; returns its points."""
     trials = study.get_trials(deepcopy=False)
     points, baseline, _ = front_of(trials, study.user_attrs, constraints, machine)
     parent_id = tracker.latest_parent(study.study_name)
@@ -60,6 +61,7 @@ def publish_machine_front(
     note = front_note(
         study.study_name, points, progress, machine.record, baseline, machine=machine.name
     )
+    note += "".join(f"\n\n{line}" for line in notes)
     tracker.publish_machine_front(parent_id, study.study_name, machine.name, points, note)
     if progress is not None:
         metrics = {

@@ -29,7 +29,7 @@ from omegaconf import DictConfig
 
 from tuner import console
 from tuner.config import compose_config, with_params
-from tuner.data import load_splits
+from tuner.data import Splits, load_splits
 from tuner.front import Constraints, points_of
 from tuner.interrupts import raise_if_interrupted
 from tuner.keys import BACKEND_KEY, LATENCY_KEY_ATTR, LATENCY_KEYS_ATTR, TRAINED_IN_ATTR
@@ -107,6 +107,7 @@ class Measurer:
             p.trial_number for p in points_of(complete, self.constraints, table, record) if p.pareto
         }
         groups: dict[int, dict[str, Target]] = {}
+        planned: set[str] = set()
         for trial in [*complete, *(t for t in trials if t.state == TrialState.RUNNING)]:
             for backend, digest in keys_of(trial).items():
                 stored = table.keys.get(digest)
@@ -117,12 +118,14 @@ class Measurer:
                 if here in self.given_up:
                     continue
                 self.keys[here] = key
-                if self._done_with(here, table, trial.number in on_front):
+                # Configurations of one architecture share its keys: each is timed once.
+                if here in planned or self._done_with(here, table, trial.number in on_front):
                     continue
+                planned.add(here)
                 configuration = int(trial.user_attrs.get(TRAINED_IN_ATTR, trial.number))
                 label = f"#{trial.number} {backend}"
                 target = Target(label, dict(trial.params), backend, here)
-                groups.setdefault(configuration, {}).setdefault(here, target)
+                groups.setdefault(configuration, {})[here] = target
         due = [list(group.values()) for group in groups.values()]
         self.order.shuffle(due)
         return due
@@ -150,7 +153,9 @@ class Measurer:
         targets = [t for t in targets if t.digest not in self.given_up]
         if not targets:
             return
+        started = time.perf_counter()
         rebuilt = self.rebuilder.rebuild(targets, workdir)
+        converted = time.perf_counter()
         for target in targets:
             if target.label in rebuilt.skipped:
                 self._give_up(target, rebuilt.skipped[target.label])
@@ -162,6 +167,11 @@ class Measurer:
                 self.rebuilder.example,
                 self.protocol,
                 on_set_aside=latency_messages.rounds_set_aside,
+            )
+            console.console.print(
+                f"  [dim]{len(rebuilt.loaded)} backend(s) of {targets[0].label.split()[0]}'s "
+                f"architecture built and converted in {converted - started:.1f} s, timed in "
+                f"{time.perf_counter() - converted:.1f} s[/]"
             )
         except Exception as exc:
             for target in targets:
@@ -240,6 +250,8 @@ class MeasuringWorker:
     study: optuna.Study
     cfg: DictConfig
     machine: Machine
+    # The validation split the front's accuracy is re-checked on.
+    splits: Splits
 
 
 def measuring_worker(overrides: Sequence[str]) -> MeasuringWorker:
@@ -272,4 +284,4 @@ def measuring_worker(overrides: Sequence[str]) -> MeasuringWorker:
     messages.machine(recorded)
     rebuilder = Rebuilder(cfg, ModelFactory(splits.num_labels), example, calibration, record)
     measurer = Measurer(storage, study_id, rebuilder, protocol, constraints, left_out)
-    return MeasuringWorker(measurer, study, cfg, recorded[0])
+    return MeasuringWorker(measurer, study, cfg, recorded[0], splits)

@@ -36,6 +36,7 @@ from tuner.keys import (
     MODEL_ERROR_TAG,
     MODEL_URI_ATTR,
     MODEL_URI_TAG,
+    PREDICTIONS_ARTIFACT,
     REFERENCE_ATTR,
     RETRAIN_TAG,
     RUN_ID_ATTR,
@@ -272,6 +273,9 @@ def _log_model(
         return
     set_attr(MODEL_URI_ATTR, uri)
     ctx.tracker.set_tags(run_id, {MODEL_URI_TAG: uri})
+    names = ctx.serving.label_names
+    labels = [names[index] for index in result.val_predictions]
+    ctx.tracker.client.log_dict(run_id, {"labels": labels}, PREDICTIONS_ARTIFACT)
 
 
 def add_point(ctx: TrialContext, trained: Trained, result: BackendResult, log_model: bool) -> None:
