@@ -107,3 +107,11 @@ def teacher_missing(location: str, reason: str) -> None:
 
 def model_not_logged(backend: str, reason: str) -> None:
     console.print(f"  [yellow]{backend}: point kept, but its model was not logged:[/] {reason}")
+
+
+def waiting_for_target(machine: str, what: str, seconds_left: float) -> None:
+    """A trial of a study aimed at another machine waits for that machine's worker."""
+    console.print(
+        f"  waiting for machine '{machine}' (study.target_machine) {what}, at most "
+        f"{max(0.0, seconds_left):.0f} s more"
+    )

@@ -17,12 +17,12 @@ from typing import Any
 
 import optuna
 
-from tuner import console
 from tuner.errors import StudyStopped
 from tuner.keys import LATENCY_KEYS_ATTR
 from tuner.latency import LatencyResult
 from tuner.secrets import mask_urls_in
 from tuner.store import LatencyTable, digest_of, key_on, machines_in, register_keys
+from tuner.trial import messages
 from tuner.trial.context import TrialContext
 
 # Seconds between two reads of the study while waiting for the target's latencies.
@@ -96,11 +96,7 @@ def _waited_for(ctx: TrialContext, deadline: float, found: Callable[[], Any], wh
     value = found()
     if value is not None:
         return value
-    target = ctx.target_machine
-    console.console.print(
-        f"  waiting for machine '{target}' (study.target_machine) {what}, at most "
-        f"{max(0.0, deadline - time.monotonic()):.0f} s more"
-    )
+    messages.waiting_for_target(str(ctx.target_machine), what, deadline - time.monotonic())
     while time.monotonic() < deadline:
         time.sleep(_POLL_S)
         value = found()
