@@ -53,9 +53,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def measure(args: argparse.Namespace) -> int:
-    from tuner.front import front_of
+    from tuner.front import failures_of, front_of
+    from tuner.front import messages as front_messages
     from tuner.study import (
-        front_lines,
         measuring_worker,
         publish_machine_front,
         recheck_front,
@@ -74,7 +74,7 @@ def measure(args: argparse.Namespace) -> int:
         + (" until it ends (--follow)" if args.follow else "")
     )
     worker.measurer.run(args.follow, lambda: study_over(study, n_trials), args.poll_s)
-    measured = len(worker.measurer.measured)
+    measured = sum(worker.measurer.timed_here.values())
     given_up = len(worker.measurer.given_up)
     console.console.print(
         f"Timed {measured} latenc{'y' if measured == 1 else 'ies'} on {machine.name}"
@@ -82,23 +82,21 @@ def measure(args: argparse.Namespace) -> int:
     )
     tracker = Tracker(str(cfg.tracking.uri), str(cfg.tracking.experiment))
     constraints = worker.measurer.constraints
-    here, _, _ = front_of(study.get_trials(deepcopy=False), study.user_attrs, constraints, machine)
+    trials = study.get_trials(deepcopy=False)
+    here, baseline, _ = front_of(trials, study.user_attrs, constraints, machine)
     tolerance = float(cfg.deploy.agreement_tolerance)
     rechecked = recheck_front(here, worker.splits, tracker.client, machine.name, tolerance)
-    points = publish_machine_front(
+    publish_machine_front(
         study,
         machine,
-        constraints,
+        here,
+        baseline,
         tracker,
         cfg.study.hypervolume_reference,
         [recheck_note(found, machine.name, tolerance) for found in rechecked],
     )
-    front = sum(p.pareto for p in points)
-    console.console.print(
-        f"Front on {machine.name}: {front} of the {len(points)} points measured there"
-    )
-    for line in front_lines(points):
-        console.console.print(line)
+    console.console.print(f"Latencies on machine {machine.name}:")
+    front_messages.front_summary(study.study_name, here, failures_of(trials), baseline, constraints)
     return 0
 
 

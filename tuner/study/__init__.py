@@ -9,7 +9,6 @@ from tuner.study.confirmation import Target
 from tuner.study.experiments import choose_an_experiment, experiments, help_text
 from tuner.study.held_out_accuracy import TEST_METRIC, test_accuracy
 from tuner.study.machine_front import (
-    front_lines,
     machine_counts,
     machine_named,
     publish_machine_front,
@@ -28,7 +27,6 @@ __all__ = [
     "check_backends",
     "choose_an_experiment",
     "experiments",
-    "front_lines",
     "help_text",
     "load_study",
     "machine_counts",

@@ -10,7 +10,7 @@ from omegaconf import DictConfig
 
 from tuner import console
 from tuner.errors import ConfigError
-from tuner.front import Constraints, Point, convergence, front_note, front_of
+from tuner.front import Baseline, Constraints, Point, convergence, front_note, front_of
 from tuner.store import Machine, machines_in
 from tuner.tracking import Tracker
 
@@ -41,22 +41,22 @@ def machine_counts(study: optuna.Study, constraints: Constraints) -> dict[str, t
 def publish_machine_front(
     study: optuna.Study,
     machine: Machine,
-    constraints: Constraints,
+    points: list[Point],
+    baseline: Baseline,
     tracker: Tracker,
     hypervolume_reference: DictConfig,
     notes: Sequence[str] = (),
-) -> list[Point]:
-    """The front at `machine`'s latencies, on the study's latest MLflow parent run (said where
-    the study has none), with `notes` below its summary; returns its points."""
-    trials = study.get_trials(deepcopy=False)
-    points, baseline, _ = front_of(trials, study.user_attrs, constraints, machine)
+) -> None:
+    """The front of `points` (the study's at `machine`'s latencies, `front_of`) on the study's
+    latest MLflow parent run (said where the study has none), with `notes` below its
+    summary."""
     parent_id = tracker.latest_parent(study.study_name)
     if parent_id is None:
         console.console.print(
             f"[yellow]Study '{study.study_name}' has no MLflow parent run in this tracking "
             "store: the machine's front is not published there.[/]"
         )
-        return points
+        return
     progress = convergence(study, hypervolume_reference, points, machine=machine.name)
     note = front_note(
         study.study_name, points, progress, machine.record, baseline, machine=machine.name
@@ -74,14 +74,3 @@ def publish_machine_front(
         f"Front on machine {machine.name} published on MLflow run {parent_id} "
         f"(pareto/{machine.name}/, tags pareto.{machine.name})."
     )
-    return points
-
-
-def front_lines(points: Sequence[Point]) -> list[str]:
-    """The front, fastest first, one line per point."""
-    front = sorted((p for p in points if p.pareto), key=lambda p: p.latency_ms)
-    return [
-        f"  #{p.trial_number:<4} {p.backend:<28} val_accuracy {p.val_accuracy:.4f}  "
-        f"{p.latency_statistic} {p.latency_ms:7.2f} ms"
-        for p in front
-    ]

@@ -33,7 +33,7 @@ from tuner.data import Splits, load_splits
 from tuner.front import Constraints, points_of
 from tuner.interrupts import raise_if_interrupted
 from tuner.keys import BACKEND_KEY, LATENCY_KEY_ATTR, LATENCY_KEYS_ATTR, TRAINED_IN_ATTR
-from tuner.latency import LatencyProtocol, LatencyResult, time_rounds
+from tuner.latency import LatencyProtocol, time_rounds
 from tuner.latency import messages as latency_messages
 from tuner.store import (
     LatencyTable,
@@ -66,14 +66,6 @@ from tuner.trial import ModelFactory
 TrialState = optuna.trial.TrialState
 
 
-@dataclass(frozen=True)
-class Measured:
-    """One key timed here: its target, and its latency once the session was added."""
-
-    target: Target
-    latency: LatencyResult
-
-
 @dataclass
 class Measurer:
     """This machine's measuring of one study: what to rebuild with (this machine's protocol
@@ -91,7 +83,6 @@ class Measurer:
     # Digest -> the key it stands for on this machine, for every key this run has met.
     keys: dict[str, dict[str, Any]] = field(default_factory=dict)
     timed_here: Counter[str] = field(default_factory=Counter)
-    measured: list[Measured] = field(default_factory=list)
     order: random.Random = field(default_factory=random.Random)
 
     def due(self) -> list[list[Target]]:
@@ -178,6 +169,8 @@ class Measurer:
                 if target.label in rebuilt.loaded:
                     self._give_up(target, f"timing failed: {type(exc).__name__}: {exc}")
             return
+        # Read once: each recorded session is added to it here (no read per key).
+        table = LatencyTable.of_study(self.storage, self.study_id)
         for target in targets:
             if target.label not in timed.rounds or target.digest is None:
                 continue
@@ -186,10 +179,9 @@ class Measurer:
                 self.storage, self.study_id, rebuilt.keys[target.label], rounds, timed.steady
             )
             self.timed_here[target.digest] += 1
-            table = LatencyTable.of_study(self.storage, self.study_id)
+            table = table.adding(target.digest, rounds, timed.steady)
             latency = table.result(target.digest)
             assert latency is not None
-            self.measured.append(Measured(target, latency))
             console.console.print(
                 f"  {target.label:<32} {table.statistic} {latency.ranked_ms(table.statistic):.2f}"
                 f" ms ({latency.rounds} rounds, spread {latency.spread_pct:.1f}%)"

@@ -44,7 +44,7 @@ def latency_keys(
 
 def from_table(table: LatencyTable, keys: LatencyKeys) -> dict[str, LatencyResult | None]:
     """Each backend's latency as the table has it; None where unknown."""
-    return {b: None if key is None else table.result(digest_of(key)) for b, key in keys.items()}
+    return {b: target.known_latency(table, key) for b, key in keys.items()}
 
 
 def fastest(latencies: Mapping[str, LatencyResult | None], statistic: str) -> float:
