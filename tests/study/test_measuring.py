@@ -4,6 +4,7 @@ names on this one box stand for two machines, one of them with oneDNN held to AV
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -20,6 +21,8 @@ from mlflow.tracking import MlflowClient
 from tuner.keys import EAGER_ACCURACY_ATTR, FAIL_REASON_ATTR, LATENCY_KEY_ATTR, ROLE_TAG
 from tuner.store.latency_table import LatencyTable, digest_of, key_on
 from tuner.store.machines import machines_in
+from tuner.study import measuring_worker
+from tuner.study.confirmation import Rebuilder
 
 pytestmark = pytest.mark.slow
 
@@ -181,6 +184,7 @@ def test_a_measuring_worker_fills_its_machine_s_table_and_the_report_recommends_
     assert again.returncode == 0 and "Timed 0 latencies on avx2" in again.stdout
 
     _rechecks_its_front_against_the_recorded_predictions(tmp_path, stores, trainer)
+    _times_its_front_again_from_the_artifacts_it_kept(stores)
 
     # A worker killed mid-measurement leaves only whole sessions, and the next one measures
     # what it left.
@@ -298,3 +302,48 @@ def _rechecks_its_front_against_the_recorded_predictions(
     run = client.get_run(tampered.info.run_id)
     assert run.data.metrics[f"agreement.{machine}"] == pytest.approx(115 / 128)
     assert run.data.tags[f"tuner.disagrees.{machine}"] == "true"
+
+
+class CountingRebuilder(Rebuilder):
+    """The real rebuilder, counting the targets it rebuilds."""
+
+    rebuilt: list[str]
+
+    def rebuild(self, targets, workdir):
+        self.rebuilt.extend(target.label for target in targets)
+        return super().rebuild(targets, workdir)
+
+
+def _times_its_front_again_from_the_artifacts_it_kept(stores: tuple[str, str]) -> None:
+    """A measuring worker (in this process) asked for two sessions per front latency gives the
+    front's keys their second session from the artifacts it converted for the first: fewer
+    rebuilds than sessions (every session came from a rebuild of its own before)."""
+    worker = measuring_worker(
+        [*SMOKE, f"study.storage={stores[0]}", f"tracking.uri={stores[1]}", "deploy.machine=twice"]
+    )
+    measurer = worker.measurer
+    fields = {f.name: getattr(measurer.rebuilder, f.name) for f in dataclasses.fields(Rebuilder)}
+    counting = CountingRebuilder(**fields)
+    object.__setattr__(counting, "rebuilt", [])
+    twice = dataclasses.replace(
+        measurer,
+        rebuilder=counting,
+        protocol=dataclasses.replace(measurer.protocol, front_sessions=2),
+    )
+    twice.run(follow=False, study_over=lambda: True, poll_s=1)
+    study = optuna.load_study(study_name=STUDY, storage=stores[0])
+    table = LatencyTable.of_attrs(study.user_attrs)
+    record = machines_in(study.user_attrs)["twice"].record
+    sessions = {
+        trial.number: len(
+            table.sessions.get(
+                digest_of(key_on(table.keys[trial.user_attrs[LATENCY_KEY_ATTR]], record)), []
+            )
+        )
+        for trial in _points(study)
+    }
+    accuracy = {t.number: t.values[0] for t in _points(study)}
+    front = _front({n: (accuracy[n], _latencies_on(study, "twice")[n]) for n in sessions})
+    assert all(sessions[n] == 2 for n in front), (sessions, front)
+    assert all(sessions[n] >= 1 for n in sessions)
+    assert len(counting.rebuilt) < sum(sessions.values()), (counting.rebuilt, sessions)

@@ -29,7 +29,7 @@ from tuner.config import with_params
 from tuner.data import ExampleInputs
 from tuner.deploy import convert_into
 from tuner.front import Constraints, points_of
-from tuner.keys import LATENCY_KEY_ATTR
+from tuner.keys import BACKEND_KEY, LATENCY_KEY_ATTR
 from tuner.latency import LatencyProtocol, LatencyResult, Timed, time_rounds, wait_for_steady
 from tuner.latency import messages as latency_messages
 from tuner.models import ModelRecipe
@@ -69,6 +69,13 @@ class Rebuilt:
     skipped: dict[str, str]
 
 
+# A rebuilt artifact is only timed: int8 ranges calibrated on one batch give the graph many give
+# (tests/deploy/test_calibration.py), so its speed, in a fraction of the calibration's time
+# (NNCF's 9 s of a MiniLM architecture's openvino_int8 conversion). Backends whose graph
+# follows the data they calibrate on have no latency key and are never rebuilt.
+TIMING_CALIBRATION_BATCHES = 1
+
+
 @dataclass(frozen=True)
 class Rebuilder:
     """What rebuilding a study's points needs: its composed config, the model factory, the
@@ -87,7 +94,7 @@ class Rebuilder:
         Targets of the same params share one model, and its backends one export (as a trial's
         backends do)."""
         loaded, keys, skipped = {}, {}, {}
-        built: dict[str, tuple[DictConfig, nn.Module, Path]] = {}
+        built: dict[str, tuple[nn.Module, Path]] = {}
         # Building and converting must not move the random stream of whatever runs next.
         with torch.random.fork_rng():
             for target in targets:
@@ -107,17 +114,18 @@ class Rebuilder:
         return Rebuilt(loaded, keys, skipped)
 
     def _model(
-        self, target: Target, workdir: Path, built: dict[str, tuple[DictConfig, nn.Module, Path]]
+        self, target: Target, workdir: Path, built: dict[str, tuple[nn.Module, Path]]
     ) -> tuple[DictConfig, nn.Module, Path]:
         """The target's config, its untrained model and the directory its backends convert
-        into: built once per params."""
-        params = json.dumps(dict(target.params), sort_keys=True, default=str)
+        into: built once for every backend of the same other params."""
+        cfg = with_params(self.cfg, target.params)
+        others = {k: v for k, v in target.params.items() if k != BACKEND_KEY}
+        params = json.dumps(others, sort_keys=True, default=str)
         if params not in built:
-            cfg = with_params(self.cfg, target.params)
             seed = int(cfg.train.seed)
             model = untrained_model(cfg, lambda: self.factory.build(cfg.model, seed))
-            built[params] = (cfg, model.eval(), workdir / str(len(built)))
-        return built[params]
+            built[params] = (model.eval(), workdir / str(len(built)))
+        return (cfg, *built[params])
 
     def _one(
         self, target: Target, cfg: DictConfig, model: nn.Module, deployment: Path
@@ -136,7 +144,7 @@ class Rebuilder:
             ModelRecipe.of(cfg.model, self.factory.num_labels),
             self.example,
             cfg.deploy,
-            self.calibration,
+            self.calibration[:TIMING_CALIBRATION_BATCHES],
         )
         return key, converted.logits_of
 

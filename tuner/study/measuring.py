@@ -84,6 +84,12 @@ class Measurer:
     keys: dict[str, dict[str, Any]] = field(default_factory=dict)
     timed_here: Counter[str] = field(default_factory=Counter)
     order: random.Random = field(default_factory=random.Random)
+    # Digest -> the artifact's call and key, for the keys on this machine's front as last
+    # drawn: the front's later sessions time them without building and converting again.
+    kept: dict[str, tuple[Callable[..., Any], dict[str, Any]]] = field(default_factory=dict)
+    # The study's points as `due` last read them, and each one's keys on this machine.
+    points: list[optuna.trial.FrozenTrial] = field(default_factory=list)
+    digests_of: dict[int, set[str]] = field(default_factory=dict)
 
     def due(self) -> list[list[Target]]:
         """Per configuration, its keys this machine should time now: those it has no latency
@@ -94,9 +100,8 @@ class Measurer:
         trials = self.storage.get_all_trials(self.study_id, deepcopy=False)
         record = self.rebuilder.protocol_record
         complete = current_split(trials, attrs).trials
-        on_front = {
-            p.trial_number for p in points_of(complete, self.constraints, table, record) if p.pareto
-        }
+        self.points = complete
+        on_front = self._front(table)
         groups: dict[int, dict[str, Target]] = {}
         planned: set[str] = set()
         for trial in [*complete, *(t for t in trials if t.state == TrialState.RUNNING)]:
@@ -109,6 +114,7 @@ class Measurer:
                 if here in self.given_up:
                     continue
                 self.keys[here] = key
+                self.digests_of.setdefault(trial.number, set()).add(here)
                 # Configurations of one architecture share its keys: each is timed once.
                 if here in planned or self._done_with(here, table, trial.number in on_front):
                     continue
@@ -120,6 +126,12 @@ class Measurer:
         due = [list(group.values()) for group in groups.values()]
         self.order.shuffle(due)
         return due
+
+    def _front(self, table: LatencyTable) -> set[int]:
+        """The trial numbers of this machine's front, as `table` stands."""
+        record = self.rebuilder.protocol_record
+        points = points_of(self.points, self.constraints, table, record)
+        return {p.trial_number for p in points if p.pareto}
 
     def _done_with(self, digest: str, table: LatencyTable, on_front: bool) -> bool:
         """Whether a key needs no timing now: it has a latency here and, on this machine's
@@ -134,8 +146,9 @@ class Measurer:
         )
 
     def measure(self, targets: Sequence[Target], workdir: Path) -> None:
-        """One configuration's keys rebuilt, timed in interleaved rounds and each session
-        recorded; a key that cannot be rebuilt or timed here is given up with the reason."""
+        """One configuration's keys rebuilt (unless kept from an earlier session), timed in
+        interleaved rounds and each session recorded; a key that cannot be rebuilt or timed
+        here is given up with the reason."""
         for target in targets:
             if target.backend in self.left_out:
                 self._give_up(
@@ -145,28 +158,26 @@ class Measurer:
         if not targets:
             return
         started = time.perf_counter()
-        rebuilt = self.rebuilder.rebuild(targets, workdir)
+        artifacts = self._artifacts(targets, workdir)
         converted = time.perf_counter()
-        for target in targets:
-            if target.label in rebuilt.skipped:
-                self._give_up(target, rebuilt.skipped[target.label])
-        if not rebuilt.loaded:
+        if not artifacts:
             return
+        loaded = {label: call for label, (call, _) in artifacts.items()}
         try:
             timed = time_rounds(
-                rebuilt.loaded,
+                loaded,
                 self.rebuilder.example,
                 self.protocol,
                 on_set_aside=latency_messages.rounds_set_aside,
             )
             console.console.print(
-                f"  [dim]{len(rebuilt.loaded)} backend(s) of {targets[0].label.split()[0]}'s "
-                f"architecture built and converted in {converted - started:.1f} s, timed in "
+                f"  [dim]{len(loaded)} backend(s) of {targets[0].label.split()[0]}'s "
+                f"architecture ready in {converted - started:.1f} s, timed in "
                 f"{time.perf_counter() - converted:.1f} s[/]"
             )
         except Exception as exc:
             for target in targets:
-                if target.label in rebuilt.loaded:
+                if target.label in loaded:
                     self._give_up(target, f"timing failed: {type(exc).__name__}: {exc}")
             return
         # Read once: each recorded session is added to it here (no read per key).
@@ -176,7 +187,7 @@ class Measurer:
                 continue
             rounds = timed.rounds[target.label]
             record_session(
-                self.storage, self.study_id, rebuilt.keys[target.label], rounds, timed.steady
+                self.storage, self.study_id, artifacts[target.label][1], rounds, timed.steady
             )
             self.timed_here[target.digest] += 1
             table = table.adding(target.digest, rounds, timed.steady)
@@ -186,6 +197,35 @@ class Measurer:
                 f"  {target.label:<32} {table.statistic} {latency.ranked_ms(table.statistic):.2f}"
                 f" ms ({latency.rounds} rounds, spread {latency.spread_pct:.1f}%)"
             )
+        self._keep(targets, artifacts, table)
+
+    def _artifacts(
+        self, targets: Sequence[Target], workdir: Path
+    ) -> dict[str, tuple[Callable[..., Any], dict[str, Any]]]:
+        """Label -> the call and key of each target's artifact, kept or rebuilt now; a target
+        that cannot be rebuilt here is given up with the reason."""
+        new = [t for t in targets if t.digest not in self.kept]
+        rebuilt = self.rebuilder.rebuild(new, workdir)
+        for target in new:
+            if target.label in rebuilt.skipped:
+                self._give_up(target, rebuilt.skipped[target.label])
+        made = {label: (call, rebuilt.keys[label]) for label, call in rebuilt.loaded.items()}
+        return made | {t.label: self.kept[t.digest] for t in targets if t.digest in self.kept}
+
+    def _keep(
+        self,
+        targets: Sequence[Target],
+        artifacts: dict[str, tuple[Callable[..., Any], dict[str, Any]]],
+        table: LatencyTable,
+    ) -> None:
+        """Keeps the artifacts of the keys on this machine's front as `table` now draws it,
+        and lets the others go (a key that comes back onto it is rebuilt)."""
+        front = self._front(table)
+        wanted = {d for number in front for d in self.digests_of.get(number, ())}
+        for target in targets:
+            if target.label in artifacts and target.digest is not None:
+                self.kept[target.digest] = artifacts[target.label]
+        self.kept = {d: made for d, made in self.kept.items() if d in wanted}
 
     def _give_up(self, target: Target, reason: str) -> None:
         """Said once, and recorded in the study for trials that wait for this machine."""
