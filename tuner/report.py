@@ -46,7 +46,14 @@ from tuner.insight import MachinePeak, stored_peaks
 from tuner.keys import DISAGREES_TAG_PREFIX, MODEL_ABSENT_TAG, MODEL_ERROR_TAG, RETRAIN_TAG
 from tuner.latency import objective_name
 from tuner.secrets import mask_urls_in
-from tuner.store import CurrentSplit, data_changes, data_fingerprint, machines_in, settings_of
+from tuner.store import (
+    CurrentSplit,
+    Machine,
+    data_changes,
+    data_fingerprint,
+    machines_in,
+    settings_of,
+)
 from tuner.study import (
     TEST_METRIC,
     load_study,
@@ -147,10 +154,15 @@ def _summary(
     rule: Rule,
     accuracy: float | None,
     client: mlflow.MlflowClient,
+    machine: Machine | None,
 ) -> dict[str, Any]:
+    """What `point.json` says of the point: its latency with the protocol and machine it was
+    measured on (`machine`'s, under `--machine`, not the training run's)."""
     run = client.get_run(point.mlflow_run_id) if point.mlflow_run_id else None
     params = run.data.params if run else {}
     retrain = run.data.tags.get(RETRAIN_TAG) if run else None
+    measured = params if machine is None else machine.record
+    protocol = {k: v for k, v in measured.items() if k.startswith("latency.")}
     return {
         "study": study.study_name,
         "trial": point.trial_number,
@@ -163,7 +175,8 @@ def _summary(
         "latency_ms_p95": point.latency_ms_p95,
         "model_size_mb": point.model_size_mb,
         "params": point.params,
-        "latency_protocol": {k: v for k, v in params.items() if k.startswith("latency.")},
+        "machine": protocol.get("latency.machine"),
+        "latency_protocol": protocol,
         "model_uri": point.model_uri,
         "mlflow_run_id": point.mlflow_run_id,
         # Runs recorded before passwords were masked may still hold one.
@@ -260,7 +273,7 @@ def report(args: argparse.Namespace) -> int:
         def evaluate(recommended: Point) -> float:
             return test_accuracy(recommended, splits_of, client, test_split, changed)
 
-        status = check_and_export(args, study, point, rule, evaluate, client)
+        status = check_and_export(args, study, point, rule, evaluate, client, machine)
     if to_profile is not None:
         profile_on_demand(to_profile, splits_of, client)
     return status
@@ -339,8 +352,10 @@ def check_and_export(
     rule: Rule,
     evaluate: Callable[[Point], float],
     client: mlflow.MlflowClient,
+    machine: Machine | None,
 ) -> int:
-    """The recommended point's test accuracy (`evaluate`), and its export where asked."""
+    """The recommended point's test accuracy (`evaluate`), and its export where asked (at
+    `machine`'s latency, under `--machine`)."""
     if point.model_uri is None:
         console.console.print(
             f"[yellow]Trial #{point.trial_number} has no logged model: "
@@ -356,7 +371,7 @@ def check_and_export(
             f"`{TEST_METRIC}` on run {point.mlflow_run_id}."
         )
     if args.export:
-        export(point, args.export, _summary(study, point, rule, accuracy, client))
+        export(point, args.export, _summary(study, point, rule, accuracy, client, machine))
         console.console.print(f"Exported to {args.export} (model/, point.json).")
     return 0
 

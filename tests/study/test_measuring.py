@@ -18,7 +18,13 @@ import optuna
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tuner.keys import EAGER_ACCURACY_ATTR, FAIL_REASON_ATTR, LATENCY_KEY_ATTR, ROLE_TAG
+from tuner.keys import (
+    EAGER_ACCURACY_ATTR,
+    FAIL_REASON_ATTR,
+    LATENCY_KEY_ATTR,
+    MODEL_URI_ATTR,
+    ROLE_TAG,
+)
 from tuner.store.latency_table import LatencyTable, digest_of, key_on
 from tuner.store.machines import machines_in
 from tuner.study import measuring_worker
@@ -169,9 +175,28 @@ def test_a_measuring_worker_fills_its_machine_s_table_and_the_report_recommends_
     baseline = max(t.user_attrs[EAGER_ACCURACY_ATTR] for t in _points(study))
     within = [n for n in on_avx2 if accuracy[n] >= baseline - 0.01 - 1e-9]
     expected = min(within, key=lambda n: on_avx2[n])
-    report = _run("tuner.report", tmp_path, stores, "--machine", "avx2", "--skip-test")
-    assert report.returncode == 0, report.stdout + report.stderr
+    exported = tmp_path / "exported"
+    report = _run(
+        "tuner.report",
+        tmp_path,
+        stores,
+        "--machine",
+        "avx2",
+        "--skip-test",
+        "--export",
+        str(exported),
+    )
     assert re.search(rf"Recommended: trial #{expected} ", report.stdout), report.stdout
+    if MODEL_URI_ATTR in study.trials[expected].user_attrs:
+        assert report.returncode == 0, report.stdout + report.stderr
+        # The exported point says where its latency was measured: on avx2, under its record.
+        summary = json.loads((exported / "point.json").read_text())
+        assert summary["trial"] == expected and summary["machine"] == "avx2"
+        assert summary["latency_ms_p50"] == pytest.approx(on_avx2[expected], rel=1e-9)
+        assert summary["latency_protocol"]["latency.machine"] == "avx2"
+        assert summary["latency_protocol"]["latency.kernel_caps"] == AVX2
+    else:  # it never joined the training machine's front, so no model was logged for it
+        assert report.returncode == 2 and f"trial #{expected} has no model" in report.stderr
     listed = _run("tuner.report", tmp_path, stores, "--machines")
     assert "avx2: 4 of 4 points measured" in listed.stdout
     assert f"{trainer}: 4 of 4 points measured" in listed.stdout
