@@ -206,13 +206,21 @@ def logged_point(points: list[Point], trial_number: int, split: CurrentSplit) ->
     return point
 
 
-def where_time_goes(point: Point, eager: Point | None, peaks: Mapping[str, MachinePeak]) -> None:
+def where_time_goes(
+    point: Point, eager: Point | None, peaks: Mapping[str, MachinePeak], machine: Machine | None
+) -> None:
     """The recommended point beside the most accurate eager one, by op class and roofline;
-    nothing for points made before points kept their insight."""
+    nothing for points made before points kept their insight. Under `--machine`, said to be
+    what the training worker profiled: a measuring worker times, it does not profile."""
     shown = [point] if eager is None or eager.trial_number == point.trial_number else [point, eager]
     if all(p.insight is None for p in shown):
         return
     console.console.print(breakdown(shown, peaks))
+    if machine is not None:
+        console.console.print(
+            f"[dim]Latencies are {machine.name}'s; the profiles and rooflines were measured "
+            "where the points were deployed, not there.[/]"
+        )
     difference = None if len(shown) == 1 else biggest_difference(point, shown[1])
     if difference:
         console.console.print(difference)
@@ -266,7 +274,8 @@ def report(args: argparse.Namespace) -> int:
         front_messages.recommendation(point, rule.describe())
         if machine is not None:
             rechecked_on(point, machine.name, client)
-        where_time_goes(point, eager_point_of(points, baseline), stored_peaks(study.user_attrs))
+        peaks = stored_peaks(study.user_attrs)
+        where_time_goes(point, eager_point_of(points, baseline), peaks, machine)
         test_split = split.fingerprint or data_fingerprint(settings_of(cfg))
         changed = bool(data_changes(study.user_attrs))
 

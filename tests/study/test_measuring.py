@@ -187,6 +187,9 @@ def test_a_measuring_worker_fills_its_machine_s_table_and_the_report_recommends_
         str(exported),
     )
     assert re.search(rf"Recommended: trial #{expected} ", report.stdout), report.stdout
+    # Its profile is the training worker's (a measuring worker times, it does not profile).
+    assert "Where one call's time goes" in report.stdout
+    assert "Latencies are avx2's; the profiles" in report.stdout
     if MODEL_URI_ATTR in study.trials[expected].user_attrs:
         assert report.returncode == 0, report.stdout + report.stderr
         # The exported point says where its latency was measured: on avx2, under its record.
