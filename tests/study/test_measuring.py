@@ -332,10 +332,11 @@ def _rechecks_its_front_against_the_recorded_predictions(
     assert run.data.tags[f"tuner.disagrees.{machine}"] == "true"
 
 
+@dataclasses.dataclass(frozen=True)
 class CountingRebuilder(Rebuilder):
-    """The real rebuilder, counting the targets it rebuilds."""
+    """The real rebuilder, listing the targets it rebuilds."""
 
-    rebuilt: list[str]
+    rebuilt: list[str] = dataclasses.field(default_factory=list)
 
     def rebuild(self, targets, workdir):
         self.rebuilt.extend(target.label for target in targets)
@@ -352,7 +353,6 @@ def _times_its_front_again_from_the_artifacts_it_kept(stores: tuple[str, str]) -
     measurer = worker.measurer
     fields = {f.name: getattr(measurer.rebuilder, f.name) for f in dataclasses.fields(Rebuilder)}
     counting = CountingRebuilder(**fields)
-    object.__setattr__(counting, "rebuilt", [])
     twice = dataclasses.replace(
         measurer,
         rebuilder=counting,
@@ -371,7 +371,8 @@ def _times_its_front_again_from_the_artifacts_it_kept(stores: tuple[str, str]) -
         for trial in _points(study)
     }
     accuracy = {t.number: t.values[0] for t in _points(study)}
-    front = _front({n: (accuracy[n], _latencies_on(study, "twice")[n]) for n in sessions})
+    on_twice = _latencies_on(study, "twice")
+    front = _front({n: (accuracy[n], on_twice[n]) for n in sessions})
     assert all(sessions[n] == 2 for n in front), (sessions, front)
     assert all(sessions[n] >= 1 for n in sessions)
     assert len(counting.rebuilt) < sum(sessions.values()), (counting.rebuilt, sessions)

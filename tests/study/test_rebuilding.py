@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import TINY_BERT_DIR, machine_runs, text_example
+from conftest import PROTOCOL, TINY_BERT_DIR, machine_runs, text_example
 from torch import nn
 
 from tuner.config import compose_config
 from tuner.config.compose import resolve
-from tuner.latency import LatencyProtocol
 from tuner.study.confirmation import Rebuilder, Target
 from tuner.study.preparation import protocol_record_of
 from tuner.trial import ModelFactory
@@ -56,9 +55,8 @@ def test_a_configuration_s_backends_share_one_model_and_one_export(val_data, tmp
         )
     )
     example = text_example(val_data)
-    protocol = LatencyProtocol(batch_size=1, seq_len=16, num_threads=2, warmup=1, repeats=3)
     factory = CountingFactory(2)
-    rebuilder = Rebuilder(cfg, factory, example, [], protocol_record_of(cfg, protocol, example))
+    rebuilder = Rebuilder(cfg, factory, example, [], protocol_record_of(cfg, PROTOCOL, example))
     targets = _targets(0.5, 0) + _targets(0.25, len(BACKENDS))
     rebuilt = rebuilder.rebuild(targets, tmp_path)
     assert rebuilt.skipped == {}

@@ -91,8 +91,8 @@ class Rebuilder:
         """Each target's untrained architecture converted to its backend. A target whose
         rebuilt key is not the one it was measured under (another machine, other settings) or
         that fails to convert is skipped with the reason: its rounds would belong elsewhere.
-        Targets of the same params share one model, and its backends one export (as a trial's
-        backends do)."""
+        Targets whose params differ only in the backend share one model, and its backends one
+        export (as a trial's backends do)."""
         loaded, keys, skipped = {}, {}, {}
         built: dict[str, tuple[nn.Module, Path]] = {}
         # Building and converting must not move the random stream of whatever runs next.

@@ -53,8 +53,7 @@ from tuner.study import messages
 from tuner.study.backends import deployment_backends, runnable_backends
 from tuner.study.confirmation import Rebuilder, Target
 from tuner.study.preparation import (
-    calibration_examples,
-    calibration_inputs,
+    first_calibration_inputs,
     modality_for,
     prepare,
     protocol_record_of,
@@ -305,11 +304,8 @@ def measuring_worker(overrides: Sequence[str]) -> MeasuringWorker:
     protocol = LatencyProtocol.from_config(cfg.deploy.latency)
     example = modality.example(splits.val.items, protocol)
     _, left_out = runnable_backends(deployment_backends(cfg, prepared.space), prepared.sources)
-    # Calibration reads the first training examples only: the rest are not encoded.
     samples = int(cfg.deploy.calibration_samples)
-    first = calibration_examples(samples)
-    encoded = modality.encode(splits.train.items[:first], splits.train.labels[:first])
-    calibration = calibration_inputs(encoded, samples)
+    calibration = first_calibration_inputs(modality, splits.train, samples)
     record = protocol_record_of(cfg, protocol, example)
     storage, study_id = storage_of(study), study_id_of(study)
     recorded = record_machine(storage, study_id, record)

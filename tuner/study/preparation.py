@@ -28,7 +28,7 @@ from tuner.config import (
     resolve,
     with_params,
 )
-from tuner.data import Encoded, ExampleInputs, Splits, load_splits
+from tuner.data import Encoded, ExampleInputs, Examples, Splits, load_splits
 from tuner.edits import EDITS, SAME_EDIT
 from tuner.errors import ConfigError
 from tuner.front import Constraints
@@ -243,6 +243,10 @@ def calibration_inputs(train_data: Encoded, samples: int) -> list[tuple[torch.Te
     return [batch.inputs for batch in itertools.islice(batches, -(-samples // _CALIBRATION_BATCH))]
 
 
-def calibration_examples(samples: int) -> int:
-    """How many of the first training examples the calibration batches of `samples` hold."""
-    return -(-samples // _CALIBRATION_BATCH) * _CALIBRATION_BATCH
+def first_calibration_inputs(
+    modality: Modality, train: Examples, samples: int
+) -> list[tuple[torch.Tensor, ...]]:
+    """`calibration_inputs` with only the training examples they hold encoded: for a process
+    that needs no other training data (a measuring worker, a front timed again)."""
+    first = -(-samples // _CALIBRATION_BATCH) * _CALIBRATION_BATCH
+    return calibration_inputs(modality.encode(train.items[:first], train.labels[:first]), samples)

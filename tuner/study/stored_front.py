@@ -17,7 +17,7 @@ from tuner.latency import LatencyProtocol
 from tuner.store import LatencyTable, settings_of, stored_settings
 from tuner.study.confirmation import Rebuilder, Target, target_of
 from tuner.study.preparation import (
-    calibration_inputs,
+    first_calibration_inputs,
     modality_for,
     prepare,
     protocol_record_of,
@@ -53,10 +53,7 @@ def study_front(overrides: Sequence[str]) -> StudyFront:
         cfg,
         ModelFactory(splits.num_labels),
         example,
-        calibration_inputs(
-            modality.encode(splits.train.items, splits.train.labels),
-            int(cfg.deploy.calibration_samples),
-        ),
+        first_calibration_inputs(modality, splits.train, int(cfg.deploy.calibration_samples)),
         protocol_record_of(cfg, protocol, example),
     )
     trials = {t.number: t for t in study.get_trials(deepcopy=False)}
