@@ -32,12 +32,20 @@ COMPILING = frozenset(
 )
 
 
+# Typed beside a smoke study in the tests of coordination, signals and records, which hold
+# whatever the backends: each further backend costs its conversion and timing in every study.
+TWO_BACKENDS = "deploy.backends=[eager,onnxruntime]"
+
+
 def listed_backends(*overrides: str) -> list[str]:
-    """The backends a composed experiment lists under `deploy.backend`."""
+    """The backends a composed experiment lists under `deploy.backend`, or those typed in
+    `deploy.backends`."""
     from tuner.config.compose import compose_config
     from tuner.config.space import parse_expression
 
     cfg = compose_config(list(overrides))
+    if cfg.deploy.backends is not None:
+        return list(cfg.deploy.backends)
     listed = parse_expression("deploy.backend", cfg.search_space["deploy.backend"])
     return list(listed.choices) if hasattr(listed, "choices") else [listed]
 

@@ -21,6 +21,7 @@ import pytest
 import torch
 from conftest import (
     REPO,
+    TWO_BACKENDS,
     machine_runs,
     pooled_sessions,
     run_cli,
@@ -606,7 +607,8 @@ def test_storage_stays_readable_by_standard_optuna_tools(smoke):
 
 
 def test_tags_stay_right_after_a_resume_that_changes_the_front(tmp_path):
-    first = run_cli(tmp_path, *SMOKE, "debug.overrides.study.n_trials=1")
+    light = (*SMOKE, TWO_BACKENDS)
+    first = run_cli(tmp_path, *light, "debug.overrides.study.n_trials=1")
     assert first.returncode == 0, first.stderr
     _, _, _, children = _runs(tmp_path)
     assert any(r.data.tags["pareto"] == "true" for r in children)
@@ -621,12 +623,12 @@ def test_tags_stay_right_after_a_resume_that_changes_the_front(tmp_path):
         )
     )
     # n_trials is the study's total: the first configuration, the other worker's, one more.
-    again = run_cli(tmp_path, *SMOKE, "debug.overrides.study.n_trials=3")
+    again = run_cli(tmp_path, *light, "debug.overrides.study.n_trials=3")
     assert again.returncode == 0, again.stderr
     client, _, parents, children = _runs(tmp_path)
     points = {p.trial_number: p for p in study_points(_load_study(tmp_path))}
     # Two configurations trained here, one point per backend this machine runs.
-    assert len(children) == 2 * len(runnable_backends(*SMOKE))
+    assert len(children) == 2 * len(runnable_backends(*light))
     for run in children:
         wanted = points[int(run.data.tags["optuna.trial_number"])].pareto
         assert run.data.tags["pareto"] == ("true" if wanted else "false")

@@ -12,6 +12,7 @@ from urllib.parse import unquote, urlparse
 
 import optuna
 import pytest
+from conftest import TWO_BACKENDS
 from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
 from sqlalchemy.engine import make_url
@@ -106,7 +107,7 @@ def test_retrain_command_masks_the_storage_password():
 
 
 PASSWORD = "S3cretPw"
-SMOKE = ("+experiment=bert_ffn", "debug=smoke")
+SMOKE = ("+experiment=bert_ffn", "debug=smoke", TWO_BACKENDS)
 STUDY = "bert_ffn-smoke"
 
 

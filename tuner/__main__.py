@@ -15,6 +15,7 @@ from omegaconf import DictConfig
 from tuner.config import CONF_DIR, register_resolvers, search_space_sources
 from tuner.errors import ConfigError, StudyStopped
 from tuner.interrupts import Terminated, interruptible
+from tuner.quick_exit import quick_exit
 from tuner.secrets import mask_urls_in
 from tuner.study import choose_an_experiment, experiments, help_text
 
@@ -110,14 +111,15 @@ def check_experiment(argv: Sequence[str]) -> str | None:
 
 
 if __name__ == "__main__":
-    argv = sys.argv[1:]
-    problem = check_experiment(argv)
-    if problem:
-        print(problem, file=sys.stderr)
-        sys.exit(2)
-    try:
-        main()
-    finally:
-        # Hydra exits once it has printed its help; what is here comes after it.
-        if "--help" in argv or "-h" in argv:
-            print(help_text(_config_dirs(argv)))
+    with quick_exit():
+        argv = sys.argv[1:]
+        problem = check_experiment(argv)
+        if problem:
+            print(problem, file=sys.stderr)
+            sys.exit(2)
+        try:
+            main()
+        finally:
+            # Hydra exits once it has printed its help; what is here comes after it.
+            if "--help" in argv or "-h" in argv:
+                print(help_text(_config_dirs(argv)))

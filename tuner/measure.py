@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from tuner import console
 from tuner.errors import ConfigError
 from tuner.interrupts import Terminated, interruptible
+from tuner.quick_exit import quick_exit
 from tuner.secrets import mask_urls_in
 
 _DEFAULT_POLL_S = 2.0
@@ -119,4 +120,5 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    with quick_exit():
+        sys.exit(main())

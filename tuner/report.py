@@ -7,18 +7,17 @@ also reports on it, while it runs too: only complete points are read.
 
 Reading the stored study and a point's accuracy on the test split are the study's
 (`tuner.study.stored_study`, `tuner.study.held_out_accuracy`); this module is the command: its
-options, the recommendation it shows, a profile on demand and the export.
+options, the recommendation it shows and a profile on demand; `tuner.report_export` checks and
+exports the recommended point.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from functools import cache
 from pathlib import Path
-from typing import Any
 
 import mlflow
 import optuna
@@ -43,8 +42,9 @@ from tuner.front import (
 )
 from tuner.front import messages as front_messages
 from tuner.insight import MachinePeak, stored_peaks
-from tuner.keys import DISAGREES_TAG_PREFIX, MODEL_ABSENT_TAG, MODEL_ERROR_TAG, RETRAIN_TAG
-from tuner.latency import objective_name
+from tuner.keys import DISAGREES_TAG_PREFIX
+from tuner.quick_exit import quick_exit
+from tuner.report_export import check_and_export
 from tuner.secrets import mask_urls_in
 from tuner.store import (
     CurrentSplit,
@@ -55,7 +55,6 @@ from tuner.store import (
     settings_of,
 )
 from tuner.study import (
-    TEST_METRIC,
     load_study,
     machine_counts,
     machine_named,
@@ -133,55 +132,6 @@ def rule_of(args: argparse.Namespace) -> Rule:
         if value is not None and value < 0:
             raise ConfigError(f"Invalid option {flag} {value}: must be >= 0")
     return Rule(max_accuracy_drop=drop, max_latency_ms=args.max_latency_ms)
-
-
-def export(
-    point: Point,
-    directory: Path,
-    summary: dict[str, Any],
-) -> None:
-    """The MLflow model (artifact, input pipeline, code, requirements) and `point.json`."""
-    directory.mkdir(parents=True, exist_ok=True)
-    mlflow.artifacts.download_artifacts(
-        artifact_uri=point.model_uri, dst_path=str(directory / "model")
-    )
-    (directory / "point.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
-
-
-def _summary(
-    study: optuna.Study,
-    point: Point,
-    rule: Rule,
-    accuracy: float | None,
-    client: mlflow.MlflowClient,
-    machine: Machine | None,
-) -> dict[str, Any]:
-    """What `point.json` says of the point: its latency with the protocol and machine it was
-    measured on (`machine`'s, under `--machine`, not the training run's)."""
-    run = client.get_run(point.mlflow_run_id) if point.mlflow_run_id else None
-    params = run.data.params if run else {}
-    retrain = run.data.tags.get(RETRAIN_TAG) if run else None
-    measured = params if machine is None else machine.record
-    protocol = {k: v for k, v in measured.items() if k.startswith("latency.")}
-    return {
-        "study": study.study_name,
-        "trial": point.trial_number,
-        "trained_in_trial": point.trained_in_trial,
-        "backend": point.backend,
-        "rule": rule.describe(),
-        "val_accuracy": point.val_accuracy,
-        TEST_METRIC: accuracy,
-        objective_name(point.latency_statistic): point.latency_ms,
-        "latency_ms_p95": point.latency_ms_p95,
-        "model_size_mb": point.model_size_mb,
-        "params": point.params,
-        "machine": protocol.get("latency.machine"),
-        "latency_protocol": protocol,
-        "model_uri": point.model_uri,
-        "mlflow_run_id": point.mlflow_run_id,
-        # Runs recorded before passwords were masked may still hold one.
-        "retrain": None if retrain is None else mask_urls_in(retrain),
-    }
 
 
 def logged_point(points: list[Point], trial_number: int, split: CurrentSplit) -> Point:
@@ -340,51 +290,6 @@ def no_point(points: list[Point], rule: Rule, baseline: Baseline) -> None:
         )
 
 
-def why_no_model(point: Point, client: mlflow.MlflowClient) -> str:
-    """Why a point has no logged model, as its MLflow run's tags say, and how to get one."""
-    try:
-        tags = client.get_run(point.mlflow_run_id).data.tags if point.mlflow_run_id else {}
-    except mlflow.exceptions.MlflowException:
-        tags = {}
-    if MODEL_ABSENT_TAG in tags:
-        return f"it {tags[MODEL_ABSENT_TAG]}"  # says how to get it
-    retrain = "retrain it with the command in its MLflow run's `tuner.retrain` tag"
-    if MODEL_ERROR_TAG in tags:
-        return f"logging it failed ({tags[MODEL_ERROR_TAG]}); {retrain}"
-    return f"its run records none (an earlier version of tuner made it); {retrain}"
-
-
-def check_and_export(
-    args: argparse.Namespace,
-    study: optuna.Study,
-    point: Point,
-    rule: Rule,
-    evaluate: Callable[[Point], float],
-    client: mlflow.MlflowClient,
-    machine: Machine | None,
-) -> int:
-    """The recommended point's test accuracy (`evaluate`), and its export where asked (at
-    `machine`'s latency, under `--machine`)."""
-    if point.model_uri is None:
-        console.console.print(
-            f"[yellow]Trial #{point.trial_number} has no logged model: "
-            f"{why_no_model(point, client)}.[/]"
-        )
-        if args.export:
-            raise ConfigError(f"Invalid option --export: trial #{point.trial_number} has no model")
-        return 0
-    accuracy = None if args.skip_test else evaluate(point)
-    if accuracy is not None:
-        console.console.print(
-            f"Test accuracy {accuracy:.4f} (validation {point.val_accuracy:.4f}); logged as "
-            f"`{TEST_METRIC}` on run {point.mlflow_run_id}."
-        )
-    if args.export:
-        export(point, args.export, _summary(study, point, rule, accuracy, client, machine))
-        console.console.print(f"Exported to {args.export} (model/, point.json).")
-    return 0
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     console.quiet_libraries()
@@ -396,4 +301,5 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    with quick_exit():
+        sys.exit(main())

@@ -10,7 +10,7 @@ import json
 import mlflow
 import optuna
 import pytest
-from conftest import run_cli
+from conftest import TWO_BACKENDS, run_cli
 
 from tuner.config.compose import compose_config, resolve
 from tuner.front.points import study_points
@@ -201,10 +201,10 @@ def test_a_test_accuracy_is_reused_only_on_the_split_it_was_measured_on(runs):
 
 @pytest.mark.slow
 def test_a_study_resumed_after_a_data_change_records_each_point_s_split(tmp_path):
-    first = run_cli(tmp_path, *SMOKE, "debug.overrides.study.n_trials=1")
+    first = run_cli(tmp_path, *SMOKE, TWO_BACKENDS, "debug.overrides.study.n_trials=1")
     assert first.returncode == 0, first.stderr
     change = ("data.split_seed=1", "study.change_settings=[data.split_seed]")
-    again = run_cli(tmp_path, *SMOKE, *change, "debug.overrides.study.n_trials=2")
+    again = run_cli(tmp_path, *SMOKE, TWO_BACKENDS, *change, "debug.overrides.study.n_trials=2")
     assert again.returncode == 0, again.stderr
     study = optuna.load_study(study_name=STUDY, storage=f"sqlite:///{tmp_path}/optuna.db")
     complete = study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))

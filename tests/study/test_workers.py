@@ -14,7 +14,7 @@ from pathlib import Path
 import optuna
 import pytest
 import sqlalchemy
-from conftest import postgres_control, runnable_backends
+from conftest import TWO_BACKENDS, postgres_control, runnable_backends
 from mlflow.tracking import MlflowClient
 
 from tuner.keys import (
@@ -33,7 +33,7 @@ from tuner.keys import (
 pytestmark = pytest.mark.slow
 
 TrialState = optuna.trial.TrialState
-SMOKE = ("+experiment=bert_ffn", "debug=smoke")
+SMOKE = ("+experiment=bert_ffn", "debug=smoke", TWO_BACKENDS)
 STUDY = "bert_ffn-smoke"
 # Points per trained configuration: bert_ffn's backends that this machine runs.
 BACKENDS = len(runnable_backends(*SMOKE))
@@ -218,10 +218,14 @@ def _assert_consistent_after_failure(study, tracking: str, trained: int, failed)
 
 def test_workers_ride_out_a_postgresql_restart(workdirs, postgres_database):
     storage, tracking = _stores(postgres_database)
-    workers = [
-        Worker(workdirs / f"w{i}", storage, tracking, "debug.overrides.study.n_trials=4")
-        for i in range(2)
-    ]
+    # Trials that train for longer than the other worker takes to start and find the teacher
+    # (it looks every heartbeat interval), so that both are training when the database goes.
+    longer = (
+        "debug.overrides.study.n_trials=4",
+        "debug.overrides.train.epochs=3",
+        "study.heartbeat.interval=2",
+    )
+    workers = [Worker(workdirs / f"w{i}", storage, tracking, *longer) for i in range(2)]
     for worker in workers:
         worker.wait_for("training step")
     postgres_control("restart")

@@ -20,7 +20,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
-from conftest import run_cli
+from conftest import TWO_BACKENDS, run_cli
 from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
@@ -34,7 +34,7 @@ try:
 except ImportError:  # `_require_browser` fails the test with the remedy
     sync_playwright = None
 
-SMOKE = ("+experiment=bert_ffn", "debug=smoke")
+SMOKE = ("+experiment=bert_ffn", "debug=smoke", TWO_BACKENDS)
 # `tracking.experiment` is the study name, which smoke mode suffixes with `-smoke`.
 EXPERIMENT = "bert_ffn-smoke"
 # Artifacts the parent run holds under `pareto/`.

@@ -100,7 +100,7 @@ def test_the_report_says_why_a_point_has_no_logged_model(tmp_path, monkeypatch):
 
     from tuner.front.points import Point
     from tuner.keys import MODEL_ABSENT_TAG, MODEL_ERROR_TAG
-    from tuner.report import why_no_model
+    from tuner.report_export import why_no_model
     from tuner.tracking.runs import JOINED_LATER, Tracker
 
     monkeypatch.chdir(tmp_path)

@@ -25,7 +25,14 @@ pytestmark = pytest.mark.slow
 TrialState = optuna.trial.TrialState
 # Trials are counted and numbered as the sampler makes them: no distillation teacher trains
 # first (tests/trial/test_teacher.py covers it, tests/study/test_workers.py its interrupts).
-SMOKE = ("+experiment=bert_ffn", "debug=smoke", "train.distill.alpha=0")
+# Two backends besides the trial's own, so that a signal can land between two of a
+# configuration's further points; cheap ones, since each costs its conversion in every study.
+SMOKE = (
+    "+experiment=bert_ffn",
+    "debug=smoke",
+    "train.distill.alpha=0",
+    "deploy.backends=[eager,onnxruntime,onnxruntime_fused]",
+)
 STUDY = "bert_ffn-smoke"
 BACKENDS = runnable_backends(*SMOKE)
 _interrupt_at: list[int] = []
