@@ -219,7 +219,8 @@ def _assert_consistent_after_failure(study, tracking: str, trained: int, failed)
 def test_workers_ride_out_a_postgresql_restart(workdirs, postgres_database):
     storage, tracking = _stores(postgres_database)
     # Trials that train for longer than the other worker takes to start and find the teacher
-    # (it looks every heartbeat interval), so that both are training when the database goes.
+    # (it looks every heartbeat interval), so that both have trained when the database goes,
+    # and are most likely training still.
     longer = (
         "debug.overrides.study.n_trials=4",
         "debug.overrides.train.epochs=3",
