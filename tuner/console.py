@@ -32,11 +32,16 @@ def quiet_libraries() -> None:
     """Silence reports users cannot act on: weight-loading tables, progress bars, migrations."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    # Read by transformers when it is imported: importing it here only to quiet it would cost
+    # a command refused at start-up half a second of its three.
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    transformers = sys.modules.get("transformers")
+    if transformers is not None:  # imported already, its settings read
+        transformers.logging.set_verbosity_error()
+        transformers.logging.disable_progress_bar()
     import optuna
-    import transformers
 
-    transformers.logging.set_verbosity_error()
-    transformers.logging.disable_progress_bar()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     # Records of optuna.* child loggers pass through the handlers, not the parent's filters.
     for handler in logging.getLogger("optuna").handlers:
