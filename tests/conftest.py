@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import torch
+import warm
 from omegaconf import OmegaConf
 from torch import nn
 
@@ -326,9 +327,7 @@ def run_cli(
     `env` adds environment variables."""
     env = {**os.environ, "HYDRA_FULL_ERROR": "0", **(env or {})}
     command = cli_command(cwd, *args)
-    return subprocess.run(
-        command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
-    )
+    return warm.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
 POSTGRES_SCRIPT = REPO / "scripts" / "postgres.sh"

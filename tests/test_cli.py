@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import re
 import statistics
-import subprocess
 import sys
 import textwrap
 
 import optuna
 import pytest
+import warm
 from conftest import (
     TWO_BACKENDS,
     listed_backends,
@@ -626,7 +626,7 @@ def test_command_line_value_of_a_searched_key_is_checked_before_anything_starts(
 
 
 def test_help_lists_the_config_groups(tmp_path):
-    result = subprocess.run(
+    result = warm.run(
         [sys.executable, "-m", "tuner", "--help"], cwd=tmp_path, capture_output=True, text=True
     )
     assert result.returncode == 0

@@ -10,6 +10,7 @@ import sys
 
 import optuna
 import pytest
+import warm
 from conftest import REPO, run_cli
 
 from tuner.keys import ARCHITECTURE_ATTR
@@ -19,7 +20,7 @@ SMOKE = ("+experiment=bert_ffn", "debug=smoke")
 
 def _tuner(cwd, *args: str) -> subprocess.CompletedProcess:
     """`python -m tuner ARGS` exactly as typed, without the test stores."""
-    return subprocess.run(
+    return warm.run(
         [sys.executable, "-m", "tuner", *args],
         cwd=cwd,
         capture_output=True,

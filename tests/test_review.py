@@ -19,6 +19,7 @@ import optuna
 import pandas as pd
 import pytest
 import torch
+import warm
 from conftest import (
     REPO,
     TWO_BACKENDS,
@@ -72,7 +73,7 @@ def _load_study(path, name=STUDY) -> optuna.Study:
 def _script(name: str, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
     """Run `scripts/<name>` with `args` as a user would."""
     command = [sys.executable, str(REPO / "scripts" / name), *args]
-    return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=600)
+    return warm.run(command, cwd=cwd, capture_output=True, text=True, timeout=600)
 
 
 def _report(path, *args: str) -> subprocess.CompletedProcess:
@@ -86,7 +87,7 @@ def _report(path, *args: str) -> subprocess.CompletedProcess:
         f"tracking.uri={mlflow_url}",
         *args,
     ]
-    return subprocess.run(command, cwd=path, capture_output=True, text=True, timeout=600)
+    return warm.run(command, cwd=path, capture_output=True, text=True, timeout=600)
 
 
 def _dominated_area(points: list[tuple[float, float]], reference: list[float]) -> float:

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import warm
 from conftest import REPO
 
 # Models trained in subprocesses: the full suite's, not the fast selection's.
@@ -20,7 +21,7 @@ SMALL = ["--train-samples", "64", "--val-samples", "32", "--rounds", "1", "--rep
 
 def run_script(name: str, *args: str, cwd) -> subprocess.CompletedProcess:
     """`scripts/NAME ARGS` run in CWD; it must succeed."""
-    result = subprocess.run(
+    result = warm.run(
         [sys.executable, str(REPO / "scripts" / name), *args],
         capture_output=True,
         text=True,
@@ -40,7 +41,7 @@ def table_cells(text: str) -> list[list[str]]:
 def bench_backends_tables(*args: str) -> tuple[list[list[str]], list[list[str]]]:
     """The cells of the two tables of `scripts/bench_backends.py ARGS`, headers first: the
     timed backends, and one profiled call of each."""
-    result = subprocess.run(
+    result = warm.run(
         [sys.executable, str(REPO / "scripts" / "bench_backends.py"), *args, *SMALL],
         capture_output=True,
         text=True,

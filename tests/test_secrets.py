@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
 import optuna
 import pytest
+import warm
 from conftest import TWO_BACKENDS
 from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
@@ -119,7 +119,7 @@ def _with_password(url: str) -> str:
 def _run(cwd: Path, module: str, *args: str) -> str:
     env = {**os.environ, "HYDRA_FULL_ERROR": "0"}
     command = [sys.executable, "-m", module, *args]
-    result = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
+    result = warm.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
     output = result.stdout + result.stderr
     assert result.returncode == 0, output
     return output

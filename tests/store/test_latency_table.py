@@ -10,6 +10,7 @@ import time
 
 import optuna
 import pytest
+import warm
 from conftest import REPO, TINY_BERT
 from omegaconf import OmegaConf
 
@@ -343,9 +344,7 @@ def test_two_processes_on_one_storage_share_the_table_and_lose_no_session(tmp_pa
     storage, study_id = _storage(tmp_path / "shared.db")
     writes = {"a": [str(v) for v in range(1, 11)], "b": [str(v) for v in range(11, 21)]}
     workers = {
-        me: subprocess.Popen(
-            [sys.executable, "-c", _WRITER, url, str(tmp_path), me, other, *writes[me]]
-        )
+        me: warm.Popen([sys.executable, "-c", _WRITER, url, str(tmp_path), me, other, *writes[me]])
         for me, other in (("a", "b"), ("b", "a"))
     }
     # Both started (their imports and connections done) and blocked: released together.
@@ -409,7 +408,7 @@ def test_a_worker_killed_while_writing_its_session_leaves_nothing_half_done(tmp_
     # for, then the session), and one left alone past the last: each on a storage of its own.
     stores = {kill_at: _storage(tmp_path / f"{kill_at}.db") for kill_at in (1, 2, 3)}
     urls = [f"sqlite:///{tmp_path / f'{kill_at}.db'}" for kill_at in stores]
-    worker = subprocess.Popen(
+    worker = warm.Popen(
         [sys.executable, "-c", _DIES_WRITING, str(tmp_path), *urls],
         stdout=subprocess.PIPE,
         text=True,

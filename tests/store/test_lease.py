@@ -13,6 +13,7 @@ from pathlib import Path
 import optuna
 import pytest
 import sqlalchemy
+import warm
 
 # Holds the lease for HOLD seconds and writes when it went in and out, by its own clock.
 _HOLDER = """
@@ -36,7 +37,7 @@ def _holder(
     if clock_offset:
         # The second worker's clock is `clock_offset` from the first's.
         command = ["faketime", "-f", clock_offset, *command]
-    return subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    return warm.Popen(command, stdout=subprocess.PIPE, text=True)
 
 
 @pytest.fixture

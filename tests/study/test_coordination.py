@@ -7,6 +7,7 @@ from __future__ import annotations
 import sys
 
 import pytest
+import warm
 from conftest import REPO
 
 sys.path.insert(0, str(REPO / "scripts"))
@@ -14,6 +15,12 @@ import fault_matrix  # noqa: E402
 
 pytestmark = pytest.mark.slow
 NOTHING_LOST = {"lost": 0, "twice": 0, "teachers": 1}
+
+
+@pytest.fixture(autouse=True)
+def warm_workers(monkeypatch):
+    """The matrix's workers start warm (the MLflow server it starts does not)."""
+    monkeypatch.setattr(fault_matrix, "subprocess", warm)
 
 
 @pytest.fixture

@@ -4,13 +4,13 @@ and the modality checks that stop a mismatched study before anything is created.
 
 from __future__ import annotations
 
-import subprocess
 import sys
 
 import mlflow
 import numpy as np
 import optuna
 import pytest
+import warm
 from conftest import run_cli
 from mlflow.tracking import MlflowClient
 
@@ -138,7 +138,7 @@ def test_report_evaluates_the_recommended_image_point_on_the_test_split(image_st
         f"study.storage=sqlite:///{path}/optuna.db",
         f"tracking.uri=sqlite:///{path}/mlflow.db",
     ]
-    result = subprocess.run(command, cwd=path, capture_output=True, text=True, timeout=600)
+    result = warm.run(command, cwd=path, capture_output=True, text=True, timeout=600)
     # The default rule always has a point: at worst the most accurate one.
     assert result.returncode == 0, result.stderr
     splits = load_splits(resolve(apply_debug(compose_config(SMOKE))).data)

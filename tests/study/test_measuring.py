@@ -16,6 +16,7 @@ from pathlib import Path
 
 import optuna
 import pytest
+import warm
 from mlflow.tracking import MlflowClient
 
 from tuner.keys import (
@@ -73,7 +74,7 @@ def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def _run(module: str, cwd: Path, stores: tuple[str, str], *args: str, env=None):
-    return subprocess.run(
+    return warm.run(
         _command(module, cwd, *stores, *args),
         cwd=cwd,
         env=_env(env),
@@ -84,7 +85,7 @@ def _run(module: str, cwd: Path, stores: tuple[str, str], *args: str, env=None):
 
 
 def _start(module: str, cwd: Path, stores: tuple[str, str], *args: str, env=None):
-    return subprocess.Popen(
+    return warm.Popen(
         _command(module, cwd, *stores, *args),
         cwd=cwd,
         env=_env(env),

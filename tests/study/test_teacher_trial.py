@@ -16,6 +16,7 @@ import mlflow
 import optuna
 import pytest
 import torch
+import warm
 from conftest import TINY_BERT
 
 import tuner.study.teacher_trial
@@ -196,7 +197,7 @@ def test_two_worker_processes_that_both_find_no_teacher_trial_queue_and_train_on
     # one until the other has found none too: both decide on the same view of the study.
     race = _Study(tmp_path, f"sqlite:///{tmp_path}/optuna.db")
     workers = [
-        subprocess.Popen(
+        warm.Popen(
             [sys.executable, "-c", _WORKER, race.url, race.files, race.tracking]
             + [str(tmp_path), me, other],
             stdout=subprocess.PIPE,

@@ -14,6 +14,7 @@ from pathlib import Path
 import optuna
 import pytest
 import sqlalchemy
+import warm
 from conftest import TWO_BACKENDS, postgres_control, runnable_backends
 from mlflow.tracking import MlflowClient
 
@@ -56,7 +57,7 @@ class Worker:
             f"hydra.run.dir={cwd}/outputs",
         ]
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "HYDRA_FULL_ERROR": "0"}
-        self.process = subprocess.Popen(
+        self.process = warm.Popen(
             command,
             cwd=cwd,
             env=env,

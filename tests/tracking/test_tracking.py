@@ -8,6 +8,8 @@ import sys
 import time
 from pathlib import Path
 
+import warm
+
 _OPEN_AT = """
 import sys, time
 from tuner.tracking import Tracker
@@ -25,7 +27,7 @@ def test_workers_that_start_together_share_a_new_sqlite_tracking_store(tmp_path)
     # Without the lock this failed every time it was tried.
     start = time.time() + 5  # past both interpreters' imports
     workers = [
-        subprocess.Popen(
+        warm.Popen(
             [sys.executable, "-c", _OPEN_AT, str(tmp_path), repr(start)],
             stderr=subprocess.PIPE,
             text=True,
