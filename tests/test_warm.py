@@ -13,6 +13,10 @@ import time
 import pytest
 import warm
 
+pytestmark = pytest.mark.skipif(
+    os.environ.get("TUNER_TESTS_COLD") == "1", reason="TUNER_TESTS_COLD=1: no command starts warm"
+)
+
 PROBE = textwrap.dedent(
     """
     import json, os, sys

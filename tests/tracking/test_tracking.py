@@ -10,13 +10,15 @@ from pathlib import Path
 
 import warm
 
-_OPEN_AT = """
+_OPEN_ON_CUE = """
 import sys, time
+from pathlib import Path
 from tuner.tracking import Tracker
-start = float(sys.argv[2])
-while time.time() < start:
+folder = Path(sys.argv[1])
+(folder / f"ready-{sys.argv[2]}").touch()
+while not (folder / "go").exists():
     time.sleep(0.001)
-Tracker(f"sqlite:///{sys.argv[1]}/mlflow.db", "study")
+Tracker(f"sqlite:///{folder}/mlflow.db", "study")
 """
 
 
@@ -25,15 +27,20 @@ def test_workers_that_start_together_share_a_new_sqlite_tracking_store(tmp_path)
     # one working directory do with the default tracking.uri: MLflow's schema migrations of
     # one then broke the other's ("Online migration expected to match one row ...").
     # Without the lock this failed every time it was tried.
-    start = time.time() + 5  # past both interpreters' imports
     workers = [
         warm.Popen(
-            [sys.executable, "-c", _OPEN_AT, str(tmp_path), repr(start)],
+            [sys.executable, "-c", _OPEN_ON_CUE, str(tmp_path), str(me)],
             stderr=subprocess.PIPE,
             text=True,
         )
-        for _ in range(2)
+        for me in range(2)
     ]
+    # Both imported and waiting: released together.
+    deadline = time.monotonic() + 120
+    while not all((tmp_path / f"ready-{me}").exists() for me in range(2)):
+        assert all(w.poll() is None for w in workers) and time.monotonic() < deadline
+        time.sleep(0.01)
+    (tmp_path / "go").touch()
     for worker in workers:
         _, errors = worker.communicate(timeout=120)
         assert worker.returncode == 0, errors
