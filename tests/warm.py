@@ -22,12 +22,14 @@ its only Python thread, as a DataLoader forks its workers.
 
 from __future__ import annotations
 
+import atexit
 import io
 import json
 import os
 import runpy
 import select
 import selectors
+import shutil
 import signal
 import socket
 import subprocess
@@ -192,6 +194,7 @@ class _Server:
         with cls.lock:
             if cls.process is None:
                 folder = Path(tempfile.mkdtemp(prefix="tuner-warm-"))
+                atexit.register(shutil.rmtree, folder, True)  # the socket and the server's log
                 cls.path, cls.log = str(folder / "socket"), folder / "server.log"
                 with cls.log.open("wb") as log:
                     cls.process = subprocess.Popen(
