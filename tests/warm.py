@@ -70,9 +70,6 @@ def _serve(path: str) -> dict:
     """Fork a child per request; return the request in the child, never in the server."""
     import importlib
 
-    import tuner  # first, as `python -m tuner` imports it: its exit handler runs last
-
-    del tuner
     for module in PRELOADED:
         importlib.import_module(module)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -162,6 +159,8 @@ def _stream(fd: int, like: io.TextIOWrapper, unbuffered: bool, line_buffered: bo
 
 
 def _main() -> None:
+    # The package first, as `python -m tuner` imports it, before any library: its exit handler
+    # then runs after theirs.
     from tuner.quick_exit import quick_exit
 
     request = _serve(sys.argv[1])

@@ -6,12 +6,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import optuna
 import pytest
 import warm
-from conftest import REPO, TINY_BERT
+from conftest import REPO, TINY_BERT, wait_for_files
 from omegaconf import OmegaConf
 
 from tuner.data.batches import ExampleInputs
@@ -326,19 +325,6 @@ for value in values[1:]:
 """
 
 
-def _wait_for(
-    *paths, process: subprocess.Popen | None = None, what: str, any_of: bool = False
-) -> None:
-    """Until every one of `paths` (or, `any_of`, one) exists and has been written; fails if
-    `process` ends first, or after 120 s."""
-    deadline = time.monotonic() + 120
-    written = any if any_of else all
-    while not written(path.exists() and path.stat().st_size for path in paths):
-        assert process is None or process.poll() is None, f"the worker ended before {what}"
-        assert time.monotonic() < deadline, f"never {what}"
-        time.sleep(0.01)
-
-
 def test_two_processes_on_one_storage_share_the_table_and_lose_no_session(tmp_path):
     url = f"sqlite:///{tmp_path / 'shared.db'}"
     storage, study_id = _storage(tmp_path / "shared.db")
@@ -348,7 +334,7 @@ def test_two_processes_on_one_storage_share_the_table_and_lose_no_session(tmp_pa
         for me, other in (("a", "b"), ("b", "a"))
     }
     # Both started (their imports and connections done) and blocked: released together.
-    _wait_for(tmp_path / "ready-a", tmp_path / "ready-b", what="both writers were ready")
+    wait_for_files(tmp_path / "ready-a", tmp_path / "ready-b", what="both writers were ready")
     (tmp_path / "go").touch()
     assert [worker.wait(timeout=120) for worker in workers.values()] == [0, 0]
     key = latency_key(OmegaConf.create({"family": "timm"}), [], "eager", OmegaConf.create({}), {})
@@ -416,7 +402,9 @@ def test_a_worker_killed_while_writing_its_session_leaves_nothing_half_done(tmp_
     killed = {}
     for kill_at in stores:
         marker, done = tmp_path / f"writing-{kill_at}", tmp_path / f"done-{kill_at}"
-        _wait_for(marker, done, process=worker, what=f"writer {kill_at} ended", any_of=True)
+        wait_for_files(
+            marker, done, processes=[worker], what=f"writer {kill_at} ended", any_of=True
+        )
         killed[kill_at] = marker.exists()
         if killed[kill_at]:
             os.kill(int(marker.read_text()), signal.SIGKILL)

@@ -5,17 +5,17 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import warm
+from conftest import wait_for_files
 
 _OPEN_ON_CUE = """
 import sys, time
 from pathlib import Path
 from tuner.tracking import Tracker
 folder = Path(sys.argv[1])
-(folder / f"ready-{sys.argv[2]}").touch()
+(folder / f"ready-{sys.argv[2]}").write_text(sys.argv[2])
 while not (folder / "go").exists():
     time.sleep(0.001)
 Tracker(f"sqlite:///{folder}/mlflow.db", "study")
@@ -36,10 +36,8 @@ def test_workers_that_start_together_share_a_new_sqlite_tracking_store(tmp_path)
         for me in range(2)
     ]
     # Both imported and waiting: released together.
-    deadline = time.monotonic() + 120
-    while not all((tmp_path / f"ready-{me}").exists() for me in range(2)):
-        assert all(w.poll() is None for w in workers) and time.monotonic() < deadline
-        time.sleep(0.01)
+    ready = [tmp_path / f"ready-{me}" for me in range(2)]
+    wait_for_files(*ready, processes=workers, what="both workers were ready")
     (tmp_path / "go").touch()
     for worker in workers:
         _, errors = worker.communicate(timeout=120)
