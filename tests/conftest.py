@@ -5,7 +5,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -329,17 +328,6 @@ def run_cli(
     env = {**os.environ, "HYDRA_FULL_ERROR": "0", **(env or {})}
     command = cli_command(cwd, *args)
     return warm.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
-
-
-def wait_for_files(*paths: Path, processes=(), what: str, any_of: bool = False) -> None:
-    """Until every one of `paths` (or, `any_of`, one) exists and has been written; fails if one
-    of `processes` ends first, or after 120 s."""
-    deadline = time.monotonic() + 120
-    written = any if any_of else all
-    while not written(path.exists() and path.stat().st_size for path in paths):
-        assert all(p.poll() is None for p in processes), f"a worker ended before {what}"
-        assert time.monotonic() < deadline, f"never {what}"
-        time.sleep(0.01)
 
 
 POSTGRES_SCRIPT = REPO / "scripts" / "postgres.sh"

@@ -4,7 +4,8 @@ tuner, torch, transformers and MLflow instead of a new interpreter importing the
 every command, most of a refused command's time).
 
     import warm    # warm.run and warm.Popen take subprocess's arguments; it stands in for
-                   # subprocess in a script's module too (monkeypatch its `subprocess`)
+                   # subprocess in a script's module too (monkeypatch its `subprocess`);
+                   # warm.wait_for_files waits for the files a command writes as it goes
 
 A warm command is still a process of its own: its own pid, arguments, working directory,
 environment, standard streams, signals and exit status, started as `python -m`, `python -c` or
@@ -61,9 +62,6 @@ PRELOADED = (
     "plotly.graph_objects",
 )
 _HEADER = 8  # bytes: the length of the request that follows
-
-
-# --- the server ---------------------------------------------------------------------------
 
 
 def _serve(path: str) -> dict:
@@ -175,9 +173,6 @@ def _main() -> None:
             exec(compile(rest[0], "<string>", "exec"), main.__dict__)
         else:
             runpy.run_path(option, run_name="__main__")
-
-
-# --- the tests' side ----------------------------------------------------------------------
 
 
 class _Server:
@@ -387,6 +382,17 @@ def run(command, *, capture_output=False, timeout=None, check=False, input=None,
     if check:
         result.check_returncode()
     return result
+
+
+def wait_for_files(*paths: Path, processes=(), what: str, any_of: bool = False) -> None:
+    """Until every one of `paths` (or, `any_of`, one) exists and has been written; fails if one
+    of `processes` ends first, or after 120 s."""
+    deadline = time.monotonic() + 120
+    written = any if any_of else all
+    while not written(path.exists() and path.stat().st_size for path in paths):
+        assert all(p.poll() is None for p in processes), f"a worker ended before {what}"
+        assert time.monotonic() < deadline, f"never {what}"
+        time.sleep(0.01)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ import sys
 import optuna
 import pytest
 import warm
-from conftest import REPO, TINY_BERT, wait_for_files
+from conftest import REPO, TINY_BERT
 from omegaconf import OmegaConf
 
 from tuner.data.batches import ExampleInputs
@@ -334,7 +334,7 @@ def test_two_processes_on_one_storage_share_the_table_and_lose_no_session(tmp_pa
         for me, other in (("a", "b"), ("b", "a"))
     }
     # Both started (their imports and connections done) and blocked: released together.
-    wait_for_files(tmp_path / "ready-a", tmp_path / "ready-b", what="both writers were ready")
+    warm.wait_for_files(tmp_path / "ready-a", tmp_path / "ready-b", what="both writers were ready")
     (tmp_path / "go").touch()
     assert [worker.wait(timeout=120) for worker in workers.values()] == [0, 0]
     key = latency_key(OmegaConf.create({"family": "timm"}), [], "eager", OmegaConf.create({}), {})
@@ -402,7 +402,7 @@ def test_a_worker_killed_while_writing_its_session_leaves_nothing_half_done(tmp_
     killed = {}
     for kill_at in stores:
         marker, done = tmp_path / f"writing-{kill_at}", tmp_path / f"done-{kill_at}"
-        wait_for_files(
+        warm.wait_for_files(
             marker, done, processes=[worker], what=f"writer {kill_at} ended", any_of=True
         )
         killed[kill_at] = marker.exists()

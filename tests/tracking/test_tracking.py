@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 import warm
-from conftest import wait_for_files
 
 _OPEN_ON_CUE = """
 import sys, time
@@ -37,7 +36,7 @@ def test_workers_that_start_together_share_a_new_sqlite_tracking_store(tmp_path)
     ]
     # Both imported and waiting: released together.
     ready = [tmp_path / f"ready-{me}" for me in range(2)]
-    wait_for_files(*ready, processes=workers, what="both workers were ready")
+    warm.wait_for_files(*ready, processes=workers, what="both workers were ready")
     (tmp_path / "go").touch()
     for worker in workers:
         _, errors = worker.communicate(timeout=120)
