@@ -275,8 +275,23 @@ def _default_pick(study: optuna.Study):
 def test_report_recommends_evaluates_and_exports(smoke, tmp_path):
     study = _load_study(smoke)
     expected = _default_pick(study)
+    rule: tuple[str, ...] = ()
+    if expected.model_uri is None:
+        # It joined the front when the end of the run timed the front again, after models
+        # were logged: the report refuses to export it, and names it.
+        refused = _report(smoke, "--export", str(tmp_path / "refused"))
+        assert refused.returncode == 2
+        assert f"trial #{expected.trial_number} has no model" in refused.stderr
+        # A latency budget alone picks the most accurate point within it: at the latency of
+        # the fastest front point that has its model, that point (the front's faster points
+        # are less accurate).
+        expected = min(
+            (p for p in study_points(study) if p.pareto and p.model_uri is not None),
+            key=lambda p: p.latency_ms,
+        )
+        rule = ("--max-latency-ms", repr(expected.latency_ms))
     export = tmp_path / "export"
-    result = _report(smoke, "--export", str(export))
+    result = _report(smoke, *rule, "--export", str(export))
     assert result.returncode == 0, result.stderr
     assert f"Recommended: trial #{expected.trial_number}" in result.stdout
     assert "Pareto front of 'bert_ffn-smoke'" in result.stdout
@@ -295,10 +310,10 @@ def test_report_recommends_evaluates_and_exports(smoke, tmp_path):
     assert len(exported.predict(pd.DataFrame({"text": ["a fine film", "dull"]}))) == 2
 
     # The test split is evaluated once; a second report reuses the recorded value.
-    again = _report(smoke)
+    again = _report(smoke, *rule)
     assert "evaluated before" in again.stdout and "Evaluating" not in again.stdout
     # Exporting over a non-empty directory is refused before anything is read or evaluated.
-    refused = _report(smoke, "--export", str(export))
+    refused = _report(smoke, *rule, "--export", str(export))
     assert refused.returncode == 2 and "not empty" in refused.stderr
     assert "Pareto front" not in refused.stdout
 
@@ -536,7 +551,12 @@ def test_bench_backends_compares_the_study_s_fastest_close_point_by_its_statisti
     found = re.search(r" p50 ([\d.]+) ms = ([\d.]+)x faster than .* \(([\d.]+) ms here\)", line)
     point_ms, speedup, baseline_ms = (float(value) for value in found.groups())
     assert point_ms == pytest.approx(fastest.latency_ms, abs=0.005)
-    assert speedup == pytest.approx(baseline_ms / point_ms, rel=0.01)
+    # Both latencies and the speed-up are printed to 2 decimals, the speed-up from the
+    # unrounded latencies: it lies within what the printed latencies allow, give or take its
+    # own rounding (a relative bound fails on a point of half a millisecond).
+    least = (baseline_ms - 0.005) / (point_ms + 0.005)
+    most = (baseline_ms + 0.005) / (point_ms - 0.005)
+    assert least - 0.005 <= speedup <= most + 0.005
 
 
 def test_report_rules_and_a_study_still_running(smoke):

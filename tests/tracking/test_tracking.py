@@ -1,5 +1,5 @@
-"""The tracking store: opening it is safe when several workers start together, and what a
-backend says of its artifact lands on the run as tags and a file."""
+"""The tracking store: opening it and tagging a study's runs are safe when several workers do it
+together, and what a backend says of its artifact lands on the run as tags and a file."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from pathlib import Path
 
 import warm
 
-_OPEN_ON_CUE = """
+# Each worker says it is ready (its imports done), then waits to be released.
+_ON_CUE = """
 import sys, time
 from pathlib import Path
 from tuner.tracking import Tracker
@@ -17,8 +18,26 @@ folder = Path(sys.argv[1])
 (folder / f"ready-{sys.argv[2]}").write_text(sys.argv[2])
 while not (folder / "go").exists():
     time.sleep(0.001)
-Tracker(f"sqlite:///{folder}/mlflow.db", "study")
 """
+
+
+def _released_together(code: str, folder: Path, *args: str) -> None:
+    """Two workers run `_ON_CUE` then `code` (argv: the folder, the worker's index, `args`),
+    released together once both are ready; both must succeed."""
+    workers = [
+        warm.Popen(
+            [sys.executable, "-c", _ON_CUE + code, str(folder), str(me), *args],
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for me in range(2)
+    ]
+    ready = [folder / f"ready-{me}" for me in range(2)]
+    warm.wait_for_files(*ready, processes=workers, what="both workers were ready")
+    (folder / "go").touch()
+    for worker in workers:
+        _, errors = worker.communicate(timeout=120)
+        assert worker.returncode == 0, errors
 
 
 def test_workers_that_start_together_share_a_new_sqlite_tracking_store(tmp_path):
@@ -26,21 +45,41 @@ def test_workers_that_start_together_share_a_new_sqlite_tracking_store(tmp_path)
     # one working directory do with the default tracking.uri: MLflow's schema migrations of
     # one then broke the other's ("Online migration expected to match one row ...").
     # Without the lock this failed every time it was tried.
-    workers = [
-        warm.Popen(
-            [sys.executable, "-c", _OPEN_ON_CUE, str(tmp_path), str(me)],
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for me in range(2)
-    ]
-    # Both imported and waiting: released together.
-    ready = [tmp_path / f"ready-{me}" for me in range(2)]
-    warm.wait_for_files(*ready, processes=workers, what="both workers were ready")
-    (tmp_path / "go").touch()
-    for worker in workers:
-        _, errors = worker.communicate(timeout=120)
-        assert worker.returncode == 0, errors
+    _released_together('Tracker(f"sqlite:///{folder}/mlflow.db", "study")', tmp_path)
+
+
+# Tag the 40 trial runs of study `s`: every third one is on the front of machine `shared`.
+_TAG = """
+tracker = Tracker(sys.argv[3], "study")
+tracker.tag_machine_front("s", "shared", {number: number % 3 == 0 for number in range(40)})
+"""
+
+
+def test_workers_that_publish_one_machine_s_front_together_tag_every_run_once(
+    tmp_path, postgres_database
+):
+    # Two measuring workers of one machine finish together and tag the study's runs with
+    # pareto.<machine> at the same moment. A tag new to a run was inserted by both, and the
+    # second insert broke its worker on the duplicate key (tag_pk).
+    from mlflow.tracking import MlflowClient
+
+    from tuner.keys import ROLE_TAG
+    from tuner.tracking import Tracker
+
+    url = postgres_database("mlflow")
+    tracker = Tracker(url, "study")
+    runs = {
+        number: tracker.client.create_run(
+            tracker.experiment_id,
+            tags={"optuna.study": "s", ROLE_TAG: "trial", "optuna.trial_number": str(number)},
+        ).info.run_id
+        for number in range(40)
+    }
+    _released_together(_TAG, tmp_path, url)
+    client = MlflowClient(url)
+    tagged = {number: client.get_run(id).data.tags["pareto.shared"] for number, id in runs.items()}
+    # Every third trial, 0, 3, ..., 39, is on the front.
+    assert tagged == {number: "true" if number in range(0, 40, 3) else "false" for number in runs}
 
 
 def test_what_an_artifact_holds_is_logged_as_tags_and_a_json_file(tmp_path, monkeypatch):

@@ -14,6 +14,7 @@ from tuner.deploy import load_point_model
 from tuner.front import Point
 from tuner.keys import TEST_EXAMPLES_TAG, TEST_SPLIT_TAG
 from tuner.modalities import MODALITIES
+from tuner.tracking import set_run_tags
 
 TEST_METRIC = "test_accuracy"
 
@@ -58,6 +59,6 @@ def test_accuracy(
     expected = [splits.label_names[label] for label in splits.test.labels]
     accuracy = sum(p == e for p, e in zip(predicted, expected, strict=True)) / len(expected)
     client.log_metric(point.mlflow_run_id, TEST_METRIC, accuracy)
-    client.set_tag(point.mlflow_run_id, TEST_SPLIT_TAG, test_split)
-    client.set_tag(point.mlflow_run_id, TEST_EXAMPLES_TAG, str(len(expected)))
+    tags = {TEST_SPLIT_TAG: test_split, TEST_EXAMPLES_TAG: str(len(expected))}
+    set_run_tags(client, point.mlflow_run_id, tags)
     return accuracy

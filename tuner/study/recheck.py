@@ -21,6 +21,7 @@ from tuner.deploy import load_point_model
 from tuner.front import Point
 from tuner.keys import DISAGREES_TAG_PREFIX, PREDICTIONS_ARTIFACT
 from tuner.modalities import MODALITIES
+from tuner.tracking import set_run_tags
 
 
 @dataclass(frozen=True)
@@ -96,7 +97,8 @@ def _log(
     client.log_metric(run_id, f"val_accuracy.{machine}", accuracy)
     if agreement is not None:
         client.log_metric(run_id, f"agreement.{machine}", agreement)
-        client.set_tag(run_id, f"{DISAGREES_TAG_PREFIX}{machine}", str(disagrees).lower())
+        # Two workers of one machine may re-check one point together.
+        set_run_tags(client, run_id, {f"{DISAGREES_TAG_PREFIX}{machine}": str(disagrees).lower()})
 
 
 def _say(found: Recheck, machine: str, tolerance: float) -> None:

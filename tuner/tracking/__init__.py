@@ -4,11 +4,12 @@ point."""
 from __future__ import annotations
 
 from tuner.tracking.retrain import override_keys, retrain_command, retrain_overrides
-from tuner.tracking.runs import Tracker
+from tuner.tracking.runs import Tracker, set_run_tags
 
 __all__ = [
     "Tracker",
     "override_keys",
     "retrain_command",
     "retrain_overrides",
+    "set_run_tags",
 ]

@@ -44,6 +44,15 @@ JOINED_LATER = (
 )
 
 
+def set_run_tags(client: Any, run_id: str, tags: Mapping[str, str]) -> None:
+    """Tag a run through MLflow's batch call, never `set_tag`: several workers tag one study's
+    runs (its fronts, re-checks, test accuracy), and `set_tag` inserts a tag new to the run
+    without looking again, so of two workers tagging at once one fails on the duplicate key;
+    the batch call takes the other's row as there and updates it. URLs in values are masked."""
+    masked = [RunTag(key, mask_urls_in(value)) for key, value in tags.items()]
+    client.log_batch(run_id, tags=masked)
+
+
 def _params(values: Mapping[str, Any]) -> list[Param]:
     # Params, tags and failure reasons are read by everyone with access to the experiment.
     return [Param(key, mask_urls_in(str(value))[:_PARAM_LIMIT]) for key, value in values.items()]
@@ -137,14 +146,15 @@ class Tracker:
         return run.info.run_id
 
     def set_backend(self, run_id: str, trial_number: int | None, backend: str) -> None:
-        self.client.set_tag(run_id, "deploy.backend", backend)
+        self.set_tags(run_id, {"deploy.backend": backend})
         self.client.log_param(run_id, "deploy.backend", backend)
         if trial_number is not None:
             self.set_trial_number(run_id, trial_number, backend)
 
     def set_trial_number(self, run_id: str, trial_number: int, backend: str) -> None:
-        self.client.set_tag(run_id, "optuna.trial_number", str(trial_number))
-        # Through set_tag, which MLflow turns into a rename of the run.
+        self.set_tags(run_id, {"optuna.trial_number": str(trial_number)})
+        # Through set_tag, which MLflow turns into a rename of the run; only this worker
+        # writes it.
         self.client.set_tag(run_id, "mlflow.runName", f"trial-{trial_number}-{backend}")
 
     def replay_epochs(self, run_id: str, epochs: Sequence[EpochResult]) -> None:
@@ -177,8 +187,7 @@ class Tracker:
             self.log_metrics(run.info.run_id, latency.metrics(), step=step)
 
     def set_tags(self, run_id: str, tags: Mapping[str, str]) -> None:
-        masked = [RunTag(key, mask_urls_in(value)) for key, value in tags.items()]
-        self.client.log_batch(run_id, tags=masked)
+        set_run_tags(self.client, run_id, tags)
 
     def log_notes(self, run_id: str, notes: Mapping[str, Any]) -> None:
         """What a backend says its artifact holds: all of it as `deploy/notes.json`, and one
@@ -220,7 +229,7 @@ class Tracker:
 
     def close(self, run_id: str, status: str, reason: str) -> None:
         """End a run that did not finish, with the reason as its `failure_reason` tag."""
-        self.client.set_tag(run_id, "failure_reason", mask_urls_in(reason)[:5000])
+        self.set_tags(run_id, {"failure_reason": reason[:5000]})
         self.client.set_terminated(run_id, status)
 
     def publish_front(
@@ -237,7 +246,7 @@ class Tracker:
                 plot_profile_html(points, title, directory / "by_backend.html")
                 self.client.log_artifacts(parent_id, str(directory), "profile")
         # MLflow shows this tag as the run's description.
-        self.client.set_tag(parent_id, "mlflow.note.content", note)
+        self.set_tags(parent_id, {"mlflow.note.content": note})
         self._tag_pareto(study_name, {p.trial_number: p.pareto for p in points})
 
     def publish_machine_front(
@@ -249,12 +258,19 @@ class Tracker:
         measured there)."""
         title = f"{study_name} on {machine}: accuracy vs latency"
         self._log_front(parent_id, points, title, f"pareto/{machine}", note)
-        on_front = {p.trial_number: str(p.pareto).lower() for p in points}
+        self.tag_machine_front(study_name, machine, {p.trial_number: p.pareto for p in points})
+
+    def tag_machine_front(
+        self, study_name: str, machine: str, on_front: Mapping[int, bool]
+    ) -> None:
+        """Tag every trial run of the study with `pareto.<machine>`: `true` or `false` for the
+        trials in `on_front`, `none` for the others."""
         for run in self._study_runs(study_name):
             number = run.data.tags.get("optuna.trial_number")
-            wanted = "none" if number is None else on_front.get(int(number), "none")
+            found = None if number is None else on_front.get(int(number))
+            wanted = "none" if found is None else str(found).lower()
             if run.data.tags.get(f"pareto.{machine}") != wanted:
-                self.client.set_tag(run.info.run_id, f"pareto.{machine}", wanted)
+                self.set_tags(run.info.run_id, {f"pareto.{machine}": wanted})
 
     def _log_front(
         self, parent_id: str, points: list[Point], title: str, folder: str, note: str = ""
@@ -316,13 +332,14 @@ class Tracker:
         for run in runs:
             number = run.data.tags.get("optuna.trial_number")
             wanted = "true" if number is not None and on_front.get(int(number), False) else "false"
-            if run.data.tags.get("pareto") != wanted:
-                self.client.set_tag(run.info.run_id, "pareto", wanted)
+            tags = {} if run.data.tags.get("pareto") == wanted else {"pareto": wanted}
             said = {MODEL_URI_TAG, MODEL_ERROR_TAG, MODEL_ABSENT_TAG} & set(run.data.tags)
             if wanted == "true" and not said:
                 # Models are logged for the points on the front when they are made; under p50
                 # a later session can raise a front latency and let on a point that was not.
-                self.client.set_tag(run.info.run_id, MODEL_ABSENT_TAG, JOINED_LATER)
+                tags[MODEL_ABSENT_TAG] = JOINED_LATER
+            if tags:
+                self.set_tags(run.info.run_id, tags)
 
 
 # A note that maps more keys than this is left to deploy/notes.json.
