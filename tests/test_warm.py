@@ -108,3 +108,38 @@ def test_only_variables_read_at_run_time_keep_a_command_warm():
     # Read as libraries are imported, so the command needs a new interpreter.
     assert not _is_warm({**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2"})
     assert not _is_warm({**os.environ, "HF_HUB_OFFLINE": "1"})
+
+
+# A command that starts a command and prints its own pid, then the pid of that command's parent
+# and what that command printed.
+NESTED = textwrap.dedent(
+    """
+    import os, subprocess, sys
+    inner = "import os, sys; print(os.getppid()); print(sys.argv[1:])"
+    done = subprocess.run(
+        [sys.executable, "-c", inner, "given"], capture_output=True, text=True, env=ENV
+    )
+    print(os.getpid(), done.returncode, *done.stdout.split(chr(10))[:2])
+    """
+)
+
+
+def test_a_warm_command_starts_its_own_commands_warm_by_the_same_rules():
+    cold = subprocess.run(
+        [sys.executable, "-c", NESTED.replace("ENV", "None")], capture_output=True, text=True
+    )
+    pid, status, parent, printed = cold.stdout.split(" ", 3)
+    # Started cold: the inner command is its child.
+    assert (status, parent, printed) == ("0", pid, "['given']\n")
+    warmed = warm.run(
+        [sys.executable, "-c", NESTED.replace("ENV", "None")], capture_output=True, text=True
+    )
+    pid, status, parent, printed = warmed.stdout.split(" ", 3)
+    # Started warm: the inner command is forked from the server, as the outer one was.
+    assert (status, printed) == ("0", "['given']\n") and parent != pid
+    assert parent == str(warm._Server.process.pid)
+    # An environment read as libraries are imported starts it cold, from the outer command.
+    capped = NESTED.replace("ENV", '{**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2"}')
+    warmed = warm.run([sys.executable, "-c", capped], capture_output=True, text=True)
+    pid, status, parent, printed = warmed.stdout.split(" ", 3)
+    assert (status, parent, printed) == ("0", pid, "['given']\n")

@@ -16,20 +16,16 @@ tests' in anything but the variables read at run time (`WARM_VARIABLES`) starts 
 interpreter, as does any other program; `TUNER_TESTS_COLD=1` starts every command in a new
 interpreter. A test that looks at what a new interpreter imports or how it ends uses subprocess.
 
-The server is `python tests/warm.py SOCKET`, started on first use and ended with the tests (it
-ends when its standard input closes). It forks before any library has computed anything, from
-its only Python thread, as a DataLoader forks its workers.
+A warm command starts its own commands (`subprocess.run`) warm too, by the same rules.
+The server, `tests/warm_server.py`, is started on first use and ends with the tests.
 """
 
 from __future__ import annotations
 
 import atexit
-import io
 import json
 import os
-import runpy
 import select
-import selectors
 import shutil
 import signal
 import socket
@@ -38,7 +34,6 @@ import sys
 import tempfile
 import threading
 import time
-import types
 from pathlib import Path
 from subprocess import DEVNULL, PIPE, STDOUT, CompletedProcess, TimeoutExpired  # noqa: F401
 
@@ -48,131 +43,9 @@ MODULES = ("tuner", "tuner.report", "tuner.measure")
 # Variables read when used, not when a library is imported; PYTHONUNBUFFERED is applied to the
 # child's streams as the interpreter would.
 WARM_VARIABLES = ("TUNER_", "HYDRA_FULL_ERROR", "MLFLOW_", "PG", "PYTHONUNBUFFERED")
-# What the commands import: the server imports it once (but never the commands' own modules,
-# which run as __main__).
-PRELOADED = (
-    "tuner.config",
-    "tuner.study",
-    "tuner.report_export",
-    "tuner.deploy",
-    "transformers.models.bert.modeling_bert",
-    "mlflow.store.tracking.sqlalchemy_store",
-    "onnx",
-    "matplotlib.pyplot",
-    "plotly.graph_objects",
-)
-_HEADER = 8  # bytes: the length of the request that follows
-
-
-def _serve(path: str) -> dict:
-    """Fork a child per request; return the request in the child, never in the server."""
-    import importlib
-
-    for module in PRELOADED:
-        importlib.import_module(module)
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(path)
-    listener.listen(16)
-    waiting = selectors.DefaultSelector()
-    waiting.register(listener, selectors.EVENT_READ)
-    waiting.register(sys.stdin, selectors.EVENT_READ)
-    children: dict[int, socket.socket] = {}
-    while True:
-        for key, _ in waiting.select(timeout=0.05):
-            if key.fileobj is sys.stdin:  # the tests have ended
-                for pid in children:
-                    os.kill(pid, signal.SIGKILL)
-                os._exit(0)
-            connection, _ = listener.accept()
-            request, fds = _receive(connection)
-            pid = os.fork()
-            if pid == 0:
-                waiting.close()
-                for held in (listener, connection, *children.values()):
-                    held.close()
-                _become(request, fds)
-                return request
-            for fd in fds:
-                os.close(fd)
-            connection.sendall(f"pid {pid}\n".encode())
-            children[pid] = connection
-        _reap(children)
-
-
-def _receive(connection: socket.socket) -> tuple[dict, list[int]]:
-    header, fds, _, _ = socket.recv_fds(connection, _HEADER, 3)
-    size = int(header.decode())
-    payload = b""
-    while len(payload) < size:
-        payload += connection.recv(size - len(payload))
-    return json.loads(payload), fds
-
-
-def _reap(children: dict[int, socket.socket]) -> None:
-    while children:
-        try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
-        connection = children.pop(pid)
-        try:
-            connection.sendall(f"exit {os.waitstatus_to_exitcode(status)}\n".encode())
-        except OSError:  # the tests stopped waiting
-            pass
-        connection.close()
-
-
-def _become(request: dict, fds: list[int]) -> None:
-    """In the child: take the command's streams, place, environment and arguments."""
-    if request["new_session"]:
-        os.setsid()
-    for target, fd in enumerate(fds):
-        os.dup2(fd, target)
-    for fd in set(fds) - {0, 1, 2}:
-        os.close(fd)
-    os.chdir(request["cwd"])
-    os.environ.clear()
-    os.environ.update(request["env"])
-    unbuffered = bool(os.environ.get("PYTHONUNBUFFERED"))
-    sys.stdin = sys.__stdin__ = io.TextIOWrapper(open(0, "rb", closefd=False))
-    sys.stdout = sys.__stdout__ = _stream(1, sys.stdout, unbuffered, os.isatty(1))
-    sys.stderr = sys.__stderr__ = _stream(2, sys.stderr, unbuffered, True)
-    option, *rest = request["command"][1:]
-    # As the interpreter sets them for `-m MODULE`, `-c CODE` and `SCRIPT`.
-    sys.path[0] = {"-m": os.getcwd(), "-c": ""}.get(option, str(Path(option).parent))
-    sys.argv = [option, *rest[1:]] if option in ("-m", "-c") else [option, *rest]
-
-
-def _stream(fd: int, like: io.TextIOWrapper, unbuffered: bool, line_buffered: bool):
-    raw = open(fd, "wb", buffering=0 if unbuffered else -1, closefd=False)
-    return io.TextIOWrapper(
-        raw,
-        encoding=like.encoding,
-        errors=like.errors,
-        line_buffering=line_buffered and not unbuffered,
-        write_through=unbuffered,
-    )
-
-
-def _main() -> None:
-    # The package first, as `python -m tuner` imports it, before any library: its exit handler
-    # then runs after theirs.
-    from tuner.quick_exit import quick_exit
-
-    request = _serve(sys.argv[1])
-    option, *rest = request["command"][1:]
-    # Every command ends as tuner's do, without tearing down the libraries the server
-    # imported (2 s), which a command started cold would tear down only if it imported them.
-    with quick_exit():
-        if option == "-m":
-            runpy.run_module(rest[0], run_name="__main__", alter_sys=True)
-        elif option == "-c":
-            main = sys.modules["__main__"] = types.ModuleType("__main__")
-            exec(compile(rest[0], "<string>", "exec"), main.__dict__)
-        else:
-            runpy.run_path(option, run_name="__main__")
+HEADER = 8  # bytes: the length of the request that follows
+# subprocess's own, which a warm command has in place of `subprocess.run`.
+_cold_popen, _cold_run = subprocess.Popen, subprocess.run
 
 
 class _Server:
@@ -186,13 +59,13 @@ class _Server:
     @classmethod
     def address(cls) -> str:
         with cls.lock:
-            if cls.process is None:
+            if not cls.path:  # (a warm command has its server's)
                 folder = Path(tempfile.mkdtemp(prefix="tuner-warm-"))
                 atexit.register(shutil.rmtree, folder, True)  # the socket and the server's log
                 cls.path, cls.log = str(folder / "socket"), folder / "server.log"
                 with cls.log.open("wb") as log:
                     cls.process = subprocess.Popen(
-                        [sys.executable, __file__, cls.path],
+                        [sys.executable, str(Path(__file__).parent / "warm_server.py"), cls.path],
                         stdin=subprocess.PIPE,
                         stdout=log,
                         stderr=subprocess.STDOUT,
@@ -265,7 +138,7 @@ class WarmProcess:
         self._socket.connect(_Server.address())
         socket.send_fds(
             self._socket,
-            [str(len(payload)).zfill(_HEADER).encode()],
+            [str(len(payload)).zfill(HEADER).encode()],
             [child_in, child_out, child_err],
         )
         self._socket.sendall(payload)
@@ -356,14 +229,14 @@ class WarmProcess:
 def Popen(command, **options):  # noqa: N802 - subprocess's name, for a one-word swap
     """subprocess.Popen, warm where the command allows."""
     if not _warm(command, options.get("env")):
-        return subprocess.Popen(command, **options)
+        return _cold_popen(command, **options)
     return WarmProcess(command, **options)
 
 
 def run(command, *, capture_output=False, timeout=None, check=False, input=None, **options):
     """subprocess.run, warm where the command allows."""
     if not _warm(command, options.get("env")):
-        return subprocess.run(
+        return _cold_run(
             command, capture_output=capture_output, timeout=timeout, check=check, input=input,
             **options,
         )  # fmt: skip
@@ -393,7 +266,3 @@ def wait_for_files(*paths: Path, processes=(), what: str, any_of: bool = False) 
         assert all(p.poll() is None for p in processes), f"a worker ended before {what}"
         assert time.monotonic() < deadline, f"never {what}"
         time.sleep(0.01)
-
-
-if __name__ == "__main__":
-    _main()
