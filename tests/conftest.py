@@ -15,6 +15,7 @@ import torch
 import warm
 from omegaconf import OmegaConf
 from torch import nn
+from warm import pytest_collection_finish  # noqa: F401  (a hook)
 
 from tuner.data.batches import Encoded, ExampleInputs
 from tuner.data.tokens import TokenizedTexts

@@ -57,7 +57,7 @@ class _Server:
     lock = threading.Lock()
 
     @classmethod
-    def address(cls) -> str:
+    def start(cls) -> None:
         with cls.lock:
             if not cls.path:  # (a warm command has its server's)
                 folder = Path(tempfile.mkdtemp(prefix="tuner-warm-"))
@@ -71,12 +71,31 @@ class _Server:
                         stderr=subprocess.STDOUT,
                         start_new_session=True,  # a signal to the tests' process group spares it
                     )
+
+    @classmethod
+    def address(cls) -> str:
+        cls.start()
+        with cls.lock:
             deadline = time.monotonic() + 120
             while not os.path.exists(cls.path):
                 if cls.process.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError(f"the warm server did not start:\n{cls.log.read_text()}")
                 time.sleep(0.05)
             return cls.path
+
+
+def start() -> None:
+    """Start the server now, without waiting for it, so that its imports overlap other work;
+    the first warm command waits for what is left of them."""
+    if os.environ.get("TUNER_TESTS_COLD") != "1":
+        _Server.start()
+
+
+def pytest_collection_finish(session) -> None:
+    """A pytest hook (conftest imports it): the server starts as soon as the tests are
+    collected, and its imports overlap the tests before the first warm command."""
+    if session.items and not session.config.option.collectonly:
+        start()
 
 
 def _warm(command: list[str], env: dict[str, str] | None) -> bool:
