@@ -1,11 +1,18 @@
 from __future__ import annotations
 
-import importlib.util
 import os
+
+# OpenMP's threads sleep when they have no work, instead of spinning for it: the tests run in
+# two processes on two cores (pytest-xdist), and a thread spinning in one process takes the
+# core the other process's thread is working on. Read as PyTorch is imported, so it is set
+# before that, here and in every process the tests start; one the user set is kept.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import importlib.util
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,6 +21,12 @@ import pytest
 import torch
 import warm
 from omegaconf import OmegaConf
+from postgres import (  # noqa: F401  (fixtures, and a hook that groups their tests)
+    postgres_database,
+    postgres_server,
+    pytest_collection_modifyitems,
+    storage_url,
+)
 from torch import nn
 from warm import pytest_collection_finish  # noqa: F401  (a hook)
 
@@ -329,68 +342,3 @@ def run_cli(
     env = {**os.environ, "HYDRA_FULL_ERROR": "0", **(env or {})}
     command = cli_command(cwd, *args)
     return warm.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
-
-
-POSTGRES_SCRIPT = REPO / "scripts" / "postgres.sh"
-
-
-def postgres_control(action: str) -> str:
-    """Run scripts/postgres.sh (start, restart, url) and return what it printed."""
-    result = subprocess.run(
-        ["bash", str(POSTGRES_SCRIPT), action], capture_output=True, text=True, timeout=180
-    )
-    if result.returncode != 0:
-        pytest.fail(
-            f"scripts/postgres.sh {action} failed (Debian package `postgresql` needed; "
-            f".ci/run installs it):\n{result.stderr}",
-            pytrace=False,
-        )
-    return result.stdout.strip()
-
-
-@pytest.fixture(scope="session")
-def postgres_server() -> str:
-    """A real PostgreSQL server on 127.0.0.1; the base URL without a database name."""
-    postgres_control("start")
-    return postgres_control("url")
-
-
-@pytest.fixture
-def postgres_database(postgres_server, request) -> Callable[[str], str]:
-    """Creates fresh databases for one test; returns a function name -> URL."""
-    import sqlalchemy
-
-    # No pooled connections: a test may restart the server under them.
-    admin = sqlalchemy.create_engine(
-        f"{postgres_server}/postgres",
-        isolation_level="AUTOCOMMIT",
-        poolclass=sqlalchemy.pool.NullPool,
-    )
-    created = []
-
-    def create(name: str) -> str:
-        database = f"t_{request.node.name[:40].lower()}_{name}".replace("[", "_").replace("]", "")
-        with admin.connect() as connection:
-            connection.execute(
-                sqlalchemy.text(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
-            )
-            connection.execute(sqlalchemy.text(f'CREATE DATABASE "{database}"'))
-        created.append(database)
-        return f"{postgres_server}/{database}"
-
-    yield create
-    with admin.connect() as connection:
-        for database in created:
-            connection.execute(
-                sqlalchemy.text(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
-            )
-    admin.dispose()
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def storage_url(request, tmp_path) -> str:
-    """A fresh Optuna storage URL of each kind workers share a study on: a SQLite file, and a
-    database of the private PostgreSQL server."""
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path}/optuna.db"
-    return request.getfixturevalue("postgres_database")("optuna")

@@ -43,8 +43,9 @@ from tuner.keys import (
     ROLE_TAG,
 )
 
-# Real studies in subprocesses: the full suite's, not the fast selection's.
-pytestmark = pytest.mark.slow
+# Real studies in subprocesses: the full suite's, not the fast selection's. In one process of a
+# parallel run, which runs the study they read once.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("review")]
 
 SMOKE = ("+experiment=bert_ffn", "debug=smoke")
 STUDY = "bert_ffn-smoke"

@@ -29,9 +29,11 @@ SMOKE = (
 )
 STUDY = "resnet_mixup-smoke"
 _UNAVAILABLE = BACKENDS.get("int8_static").unavailable_reason()
-# Real studies in subprocesses (the full suite's, not the fast selection's), on int8_static.
+# Real studies in subprocesses (the full suite's, not the fast selection's), on int8_static; in
+# one process of a parallel run, which runs the study they read once.
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.xdist_group("image_study"),
     pytest.mark.skipif(
         _UNAVAILABLE is not None, reason=f"int8_static is unavailable here: {_UNAVAILABLE}"
     ),

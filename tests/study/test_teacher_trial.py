@@ -192,10 +192,15 @@ print(json.dumps(trained))
 
 
 @pytest.mark.slow
-def test_two_worker_processes_that_both_find_no_teacher_trial_queue_and_train_one(tmp_path):
-    # Two processes on one SQLite storage; each, having found no teacher trial, waits to queue
-    # one until the other has found none too: both decide on the same view of the study.
-    race = _Study(tmp_path, f"sqlite:///{tmp_path}/optuna.db")
+def test_two_worker_processes_that_both_find_no_teacher_trial_queue_and_train_one(
+    tmp_path, postgres_database
+):
+    # Two processes on one storage; each, having found no teacher trial, waits to queue one
+    # until the other has found none too: both decide on the same view of the study. On
+    # PostgreSQL, where workers share a study: on SQLite (one worker) two processes can both
+    # move the queued trial to RUNNING, as Optuna reads its state outside the transaction that
+    # writes it there, and both train it.
+    race = _Study(tmp_path, postgres_database("optuna"))
     workers = [
         warm.Popen(
             [sys.executable, "-c", _WORKER, race.url, race.files, race.tracking]

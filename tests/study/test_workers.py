@@ -15,8 +15,9 @@ import optuna
 import pytest
 import sqlalchemy
 import warm
-from conftest import TWO_BACKENDS, postgres_control, runnable_backends
+from conftest import TWO_BACKENDS, runnable_backends
 from mlflow.tracking import MlflowClient
+from postgres import postgres_control
 
 from tuner.keys import (
     DUPLICATE_ATTR,
