@@ -80,7 +80,8 @@ EOF
 
 if [[ $steps == *tests* ]]; then
   echo "== the test cases that need a GPU"
-  (cd "$repo" && "$python" -m pytest -q -p no:cacheprovider -m gpu tests)
+  # In one process (-n 0): two would share the one GPU the cases time.
+  (cd "$repo" && "$python" -m pytest -q -n 0 -p no:cacheprovider -m gpu tests)
 fi
 if [[ $steps != *studies* ]]; then
   echo "gpu_check: the test cases that need a GPU passed, in $SECONDS s"
