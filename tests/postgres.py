@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
 GROUP = "postgresql"
 
 
@@ -23,7 +22,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.xdist_group(GROUP))
 
 
-POSTGRES_SCRIPT = REPO / "scripts" / "postgres.sh"
+POSTGRES_SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "postgres.sh"
 
 
 def postgres_control(action: str) -> str:
