@@ -47,7 +47,7 @@ AFTER = {
     "tuner/study/teacher_trial.py": WHOLE,
     "tuner/store/lease.py": WHOLE,
     "tuner/store/storage.py": ["RetryingStorage", "_retried", "_once", "_safe_to_repeat", "<loop>"]
-    + ["live_trial_numbers", "wait_out_unbeaten"],
+    + ["unstale_heartbeats", "beat_for_unbeaten"],
     # All of it but the message it prints (which was the console's before).
     "tuner/store/retries.py": ["T", "RETRY_SECONDS", "is_transient", "call_with_retries"]
     + ["retrying", "RetryingProxy"],
@@ -63,7 +63,7 @@ AFTER = {
         "_downloaded",
     ]
     + ["_root_visible"],
-    "tuner/store/optuna_compat.py": ["beat_once", "stale_trial_ids", "unbeaten_trial_ids"]
+    "tuner/store/optuna_compat.py": ["stale_trial_ids", "unbeaten_trial_ids", "heartbeats"]
     + ["SingleAttemptRDBStorage"],
 }
 

@@ -39,7 +39,7 @@ def _after_create(marker: Path, strike) -> None:
 
     def create_new_trial(self, study_id, template_trial=None):
         trial_id = create(self, study_id, template_trial)
-        # A trial `study.ask` creates (no template): it is RUNNING and has never beaten.
+        # A trial `study.ask` creates (no template): it is RUNNING, its heartbeat thread unstarted.
         if template_trial is None and _strikes(marker):
             strike()
         return trial_id

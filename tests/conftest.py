@@ -21,10 +21,10 @@ import pytest
 import torch
 import warm
 from omegaconf import OmegaConf
-from postgres import (  # noqa: F401  (fixtures, and a hook that groups their tests)
+from postgres import (  # noqa: F401  (fixtures)
     postgres_database,
     postgres_server,
-    pytest_collection_modifyitems,
+    restartable_postgres_database,
     storage_url,
 )
 from torch import nn

@@ -1,34 +1,32 @@
-"""The private PostgreSQL server the multi-worker tests share (`scripts/postgres.sh`): its
-fixtures, and the rule that keeps its tests in one process of a parallel run (pytest-xdist's
-`loadgroup`), one after the other: one of them restarts the server under the others."""
+"""The private PostgreSQL servers of the multi-worker tests (`scripts/postgres.sh`): the one they
+share, and one of its own for the test that restarts its server under its workers, so that the
+tests running beside it in the other process keep theirs."""
 
 from __future__ import annotations
 
+import os
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-GROUP = "postgresql"
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """A pytest hook (conftest imports it): every test that reaches the server, through its
-    fixtures or as the `postgresql` case of `storage_url`, joins one group."""
-    for item in items:
-        params = getattr(getattr(item, "callspec", None), "params", {})
-        if "postgres_server" in item.fixturenames or params.get("storage_url") == "postgresql":
-            item.add_marker(pytest.mark.xdist_group(GROUP))
-
-
 POSTGRES_SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "postgres.sh"
 
 
-def postgres_control(action: str) -> str:
-    """Run scripts/postgres.sh (start, restart, url) and return what it printed."""
+# The restarted server's data directory and port (the shared one's are postgres.sh's defaults).
+RESTARTED = {"TUNER_PGDATA": "/tmp/tuner-postgres-restarted", "TUNER_PGPORT": "55433"}
+
+
+def postgres_control(action: str, server: dict[str, str] | None = None) -> str:
+    """Run scripts/postgres.sh (start, stop, restart, url) on the shared server, or the one
+    `server` names, and return what it printed."""
     result = subprocess.run(
-        ["bash", str(POSTGRES_SCRIPT), action], capture_output=True, text=True, timeout=180
+        ["bash", str(POSTGRES_SCRIPT), action],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={**os.environ, **(server or {})},
     )
     if result.returncode != 0:
         pytest.fail(
@@ -46,16 +44,13 @@ def postgres_server() -> str:
     return postgres_control("url")
 
 
-@pytest.fixture
-def postgres_database(postgres_server, request) -> Callable[[str], str]:
-    """Creates fresh databases for one test; returns a function name -> URL."""
+def _databases(server: str, request) -> Iterator[Callable[[str], str]]:
+    """Fresh databases on `server` for one test, dropped after it: name -> URL."""
     import sqlalchemy
 
     # No pooled connections: a test may restart the server under them.
     admin = sqlalchemy.create_engine(
-        f"{postgres_server}/postgres",
-        isolation_level="AUTOCOMMIT",
-        poolclass=sqlalchemy.pool.NullPool,
+        f"{server}/postgres", isolation_level="AUTOCOMMIT", poolclass=sqlalchemy.pool.NullPool
     )
     created = []
 
@@ -67,7 +62,7 @@ def postgres_database(postgres_server, request) -> Callable[[str], str]:
             )
             connection.execute(sqlalchemy.text(f'CREATE DATABASE "{database}"'))
         created.append(database)
-        return f"{postgres_server}/{database}"
+        return f"{server}/{database}"
 
     yield create
     with admin.connect() as connection:
@@ -76,6 +71,23 @@ def postgres_database(postgres_server, request) -> Callable[[str], str]:
                 sqlalchemy.text(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
             )
     admin.dispose()
+
+
+@pytest.fixture
+def postgres_database(postgres_server, request) -> Iterator[Callable[[str], str]]:
+    """Creates fresh databases on the shared server for one test; returns name -> URL."""
+    yield from _databases(postgres_server, request)
+
+
+@pytest.fixture
+def restartable_postgres_database(request) -> Iterator[Callable[[str], str]]:
+    """As `postgres_database`, on a server of the test's own, which it restarts with
+    `postgres_control("restart", RESTARTED)`; stopped after the test."""
+    postgres_control("start", RESTARTED)
+    try:
+        yield from _databases(postgres_control("url", RESTARTED), request)
+    finally:
+        postgres_control("stop", RESTARTED)
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

@@ -12,14 +12,13 @@ from tuner.keys import DUPLICATE_ATTR, TRAINED_IN_ATTR
 from tuner.store import budget
 from tuner.store.optuna_compat import (
     FilteredSampler,
-    beat_once,
     is_heartbeat_enabled,
     stale_trial_ids,
     storage_of,
     study_id_of,
     trial_id_of,
 )
-from tuner.store.storage import Heartbeat, open_storage
+from tuner.store.storage import Heartbeat, beat_for_unbeaten, open_storage
 
 SPACE = {"x": FloatDistribution(0.0, 1.0)}
 
@@ -120,15 +119,32 @@ def test_private_names_still_exist(tmp_path):
     assert stale_trial_ids(storage.inner, study_id_of(study)) == []
 
 
-def test_a_trial_that_beat_once_goes_stale_and_one_that_never_beat_does_not(tmp_path):
-    # What `beat_once` is for. Stale after 1 s of silence; SQLite's clock counts whole seconds.
+def test_a_trial_made_running_or_claimed_has_a_heartbeat_from_its_start(tmp_path):
+    # Neither trial ever beats (no worker runs it): Optuna's own storage writes no heartbeat
+    # until a heartbeat thread starts, and its stale check skips such a trial for ever.
+    # Stale after 1 s of silence; SQLite's clock counts whole seconds.
     storage, _ = open_storage(f"sqlite:///{tmp_path}/optuna.db", Heartbeat(1, 1))
     study = optuna.create_study(storage=storage)
-    beaten, never_beaten = study.ask(), study.ask()
-    beat_once(trial_id_of(beaten), storage_of(study))
+    made = study.ask()
+    study.enqueue_trial({})
+    claimed = study.ask()
+    assert claimed.number == 1 and stale_trial_ids(storage.inner, study_id_of(study)) == []
     time.sleep(2.2)
     stale = stale_trial_ids(storage.inner, study_id_of(study))
-    assert stale == [trial_id_of(beaten)] and trial_id_of(never_beaten) not in stale
+    assert sorted(stale) == [trial_id_of(made), trial_id_of(claimed)]
+
+
+def test_a_trial_an_earlier_version_left_without_a_heartbeat_is_given_one(tmp_path):
+    url = f"sqlite:///{tmp_path}/optuna.db"
+    # Made as Optuna's own storage makes it, its worker dead before its first heartbeat.
+    earlier = optuna.create_study(storage=optuna.storages.RDBStorage(url), study_name="s")
+    orphan = earlier.ask()
+    storage, _ = open_storage(url, Heartbeat(1, 1))
+    study_id = storage.get_study_id_from_name("s")
+    beat_for_unbeaten(storage, study_id)
+    assert stale_trial_ids(storage.inner, study_id) == []
+    time.sleep(2.2)
+    assert stale_trial_ids(storage.inner, study_id) == [trial_id_of(orphan)]
 
 
 def test_the_sampler_never_sees_a_duplicate_teacher_trial():

@@ -76,3 +76,21 @@ def test_a_worker_whose_trial_another_worker_failed_goes_on(tmp_path):
     assert "failed by another worker that found it silent" in "".join(worker.lines)
     counts = fault_matrix.outcome(url, cell.tracking)
     assert counts == {"lost": 0, "twice": 0, "teachers": 0}
+
+
+def test_a_sqlite_study_resumed_right_after_its_worker_was_killed_waits_for_its_trial(tmp_path):
+    # Before: the resume was refused ("another worker is running trial #0") until the killed
+    # worker's trial had been silent for the grace period.
+    url = f"sqlite:///{tmp_path}/optuna.db"
+    cell = fault_matrix.Cell("sqlite", url, f"sqlite:///{tmp_path}/mlflow.db", tmp_path, 400)
+    same = ("study.heartbeat.interval=1", "study.heartbeat.grace_period=15")
+    same += ("train.distill.alpha=0", "debug.overrides.train.epochs=5")
+    first = cell.worker("a", "none", *same)
+    assert first.wait_for("training step", 300)
+    first.process.kill()
+    first.process.wait()
+    second = cell.worker("b", "none", *same)
+    assert cell.finish([second]), "".join(second.lines)
+    assert "sent no heartbeat since this worker started" in "".join(second.lines)
+    counts = fault_matrix.outcome(url, cell.tracking)
+    assert counts == {"lost": 0, "twice": 0, "teachers": 0}

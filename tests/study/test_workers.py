@@ -17,7 +17,7 @@ import sqlalchemy
 import warm
 from conftest import TWO_BACKENDS, runnable_backends
 from mlflow.tracking import MlflowClient
-from postgres import postgres_control
+from postgres import RESTARTED, postgres_control
 
 from tuner.keys import (
     DUPLICATE_ATTR,
@@ -218,8 +218,8 @@ def _assert_consistent_after_failure(study, tracking: str, trained: int, failed)
     assert sorted(r.info.status for r in parents) == ["FINISHED", "KILLED"]
 
 
-def test_workers_ride_out_a_postgresql_restart(workdirs, postgres_database):
-    storage, tracking = _stores(postgres_database)
+def test_workers_ride_out_a_postgresql_restart(workdirs, restartable_postgres_database):
+    storage, tracking = _stores(restartable_postgres_database)
     # Trials that train for longer than the other worker takes to start and find the teacher
     # (it looks every heartbeat interval), so that both have trained when the database goes,
     # and are most likely training still.
@@ -231,7 +231,7 @@ def test_workers_ride_out_a_postgresql_restart(workdirs, postgres_database):
     workers = [Worker(workdirs / f"w{i}", storage, tracking, *longer) for i in range(2)]
     for worker in workers:
         worker.wait_for("training step")
-    postgres_control("restart")
+    postgres_control("restart", RESTARTED)
     for worker in workers:
         assert worker.finish() == 0, worker.output
     try:

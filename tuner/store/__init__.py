@@ -21,7 +21,6 @@ from tuner.store.lease import Leases
 from tuner.store.machines import MACHINE_FIELD, Machine, machines_in, record_machine
 from tuner.store.optuna_compat import (
     FilteredSampler,
-    beat_once,
     completed_copy,
     heartbeat_of,
     is_heartbeat_enabled,
@@ -49,10 +48,10 @@ from tuner.store.settings import (
 )
 from tuner.store.storage import (
     Heartbeat,
+    beat_for_unbeaten,
     is_sqlite,
-    live_trial_numbers,
     open_storage,
-    wait_out_unbeaten,
+    unstale_heartbeats,
 )
 
 __all__ = [
@@ -66,7 +65,6 @@ __all__ = [
     "Leases",
     "RETRY_SECONDS",
     "RetryingProxy",
-    "beat_once",
     "call_with_retries",
     "check_change_keys",
     "completed_copy",
@@ -84,7 +82,7 @@ __all__ = [
     "is_transient",
     "key_on",
     "latency_key",
-    "live_trial_numbers",
+    "unstale_heartbeats",
     "machines_in",
     "measured_alike",
     "open_storage",
@@ -104,5 +102,5 @@ __all__ = [
     "subtree",
     "trial_id_of",
     "typed_contradiction",
-    "wait_out_unbeaten",
+    "beat_for_unbeaten",
 ]

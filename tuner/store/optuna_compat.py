@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Container, Sequence
+from datetime import datetime
 from typing import Any
 
 import optuna
@@ -36,24 +37,22 @@ def heartbeat_of(trial_id: int, storage: optuna.storages.BaseStorage):
     return get_heartbeat_thread(trial_id, storage)
 
 
-def beat_once(trial_id: int, storage: optuna.storages.BaseStorage) -> None:
-    """One heartbeat for a trial just claimed, before anything beats for it: should its worker
-    die first, the trial goes stale and is failed like any other, instead of staying RUNNING
-    with no heartbeat, which no worker ever fails."""
-    if is_heartbeat_enabled(storage):
-        assert isinstance(storage, BaseHeartbeat)
-        storage.record_heartbeat(trial_id)
-
-
 def stale_trial_ids(storage: optuna.storages.RDBStorage, study_id: int) -> list[int]:
     """Running trials whose heartbeat lapsed; Optuna keeps this comparison inside the storage."""
     return list(storage._get_stale_trial_ids(study_id))
 
 
 class SingleAttemptRDBStorage(optuna.storages.RDBStorage):
-    """Optuna's RDB storage, but making a trial in one attempt. Optuna tries five times when a
-    commit fails, and a commit whose answer was lost after the server made it would make a
-    second trial: a configuration queued twice, or a trial no worker runs."""
+    """Optuna's RDB storage, but making a trial in one attempt, and a running trial with a
+    heartbeat from its start.
+
+    Optuna tries five times when a commit fails, and a commit whose answer was lost after the
+    server made it would make a second trial: a configuration queued twice, or a trial no worker
+    runs. Optuna records a trial's first heartbeat once its heartbeat thread starts, and its stale
+    check skips a running trial without one: a worker that died in between (or whose connection
+    dropped after the commit) left a trial that nobody failed, ever. Here the heartbeat is written
+    in the transaction that makes the trial running, so every running trial goes stale by the
+    database's clock like any other."""
 
     def _create_new_trial(
         self, study_id: int, template_trial: FrozenTrial | None = None
@@ -64,13 +63,38 @@ class SingleAttemptRDBStorage(optuna.storages.RDBStorage):
         with _create_scoped_session(self.scoped_session) as session:
             # The study's row is locked, as Optuna does, so that trial numbers do not race.
             models.StudyModel.find_or_raise_by_id(study_id, session, for_update=True)
-            trial_id = self._get_prepared_new_trial(study_id, template_trial, session).trial_id
+            trial = self._get_prepared_new_trial(study_id, template_trial, session)
+            trial_id = trial.trial_id
+            if trial.state == TrialState.RUNNING:
+                self._first_heartbeat(session, trial_id)
         return self.get_trial(trial_id)
+
+    def set_trial_state_values(self, trial_id, state, values=None) -> bool:
+        if state != TrialState.RUNNING:
+            return super().set_trial_state_values(trial_id, state, values)
+        # Claiming a waiting trial, as Optuna does, with its first heartbeat.
+        from optuna.storages._rdb import models
+        from optuna.storages._rdb.storage import _create_scoped_session
+
+        with _create_scoped_session(self.scoped_session) as session:
+            trial = models.TrialModel.find_or_raise_by_id(trial_id, session, for_update=True)
+            self.check_trial_is_updatable(trial_id, trial.state)
+            if trial.state != TrialState.WAITING:
+                return False
+            trial.state, trial.datetime_start = state, datetime.now()
+            self._first_heartbeat(session, trial_id)
+        return True
+
+    def _first_heartbeat(self, session: Any, trial_id: int) -> None:
+        from optuna.storages._rdb import models
+
+        if self.heartbeat_interval is not None:
+            session.add(models.TrialHeartbeatModel(trial_id=trial_id))
 
 
 def unbeaten_trial_ids(storage: optuna.storages.RDBStorage, study_id: int) -> list[int]:
-    """Running trials without a heartbeat row: their worker died (or lost its connection)
-    between creating the trial and its first heartbeat. Optuna's stale check skips them."""
+    """Running trials without a heartbeat row: left by a version of tuner that made them
+    without one, whose worker died between making the trial and its first heartbeat."""
     from optuna.storages._rdb import models
 
     with storage.scoped_session() as session:
@@ -85,6 +109,22 @@ def unbeaten_trial_ids(storage: optuna.storages.RDBStorage, study_id: int) -> li
             .filter(models.TrialHeartbeatModel.trial_heartbeat_id.is_(None))
         )
         return [trial_id for (trial_id,) in query.all()]
+
+
+def heartbeats(storage: optuna.storages.RDBStorage, study_id: int) -> dict[int, Any]:
+    """The last heartbeat of each running trial of the study that has one, by the database's
+    clock."""
+    from optuna.storages._rdb import models
+
+    beat = models.TrialHeartbeatModel
+    with storage.scoped_session() as session:
+        query = (
+            session.query(beat.trial_id, beat.heartbeat)
+            .join(models.TrialModel, models.TrialModel.trial_id == beat.trial_id)
+            .filter(models.TrialModel.study_id == study_id)
+            .filter(models.TrialModel.state == TrialState.RUNNING)
+        )
+        return dict(query.all())
 
 
 def completed_copy(

@@ -3,9 +3,8 @@
 RDB storages (SQLite, PostgreSQL, MySQL) are opened with heartbeats, so the trial of a worker
 that died (SIGKILL, a lost machine) is failed `study.heartbeat.grace_period` seconds after its
 last heartbeat, by the next worker that starts a trial, and handed to `on_stale` (which queues it
-again). A running trial that never beat is stale once this worker has seen it so for the grace
-period (by its own monotonic clock: no two hosts' clocks are compared): its worker died between
-creating it and its first heartbeat.
+again). A trial has its first heartbeat from the moment it runs (`SingleAttemptRDBStorage`), and
+staleness is read off the database's clock: no two hosts' clocks are compared.
 
 Only calls that are safe to repeat are retried on transient errors (`tuner.store.retries`): reads,
 heartbeats, attributes and params (the same value written twice is one write) and finishing a
@@ -23,19 +22,19 @@ import abc
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import optuna
 import sqlalchemy.exc
 from omegaconf import DictConfig
 from optuna.storages import BaseStorage, RDBStorage
 
-from tuner import console
 from tuner.errors import ConfigError
 from tuner.secrets import mask_urls_in
 from tuner.store.optuna_compat import (
     BaseHeartbeat,
     SingleAttemptRDBStorage,
-    trial_id_of,
+    heartbeats,
     unbeaten_trial_ids,
 )
 from tuner.store.retries import RETRY_SECONDS, call_with_retries, is_transient
@@ -71,9 +70,6 @@ class RetryingStorage(BaseStorage, BaseHeartbeat):
 
     def __init__(self, inner: RDBStorage, grace_period: int | None = None) -> None:
         self.inner = inner
-        self.grace_period = grace_period
-        # Running trials without a heartbeat: when this worker first saw each (monotonic).
-        self.unbeaten_since: dict[int, float] = {}
         interval = inner.get_heartbeat_interval() or 0
         # Past this a live trial may already be failed as stale by another worker.
         self.retry_seconds = (
@@ -112,42 +108,6 @@ class RetryingStorage(BaseStorage, BaseHeartbeat):
             if not is_transient(error):
                 raise
 
-    def _get_stale_trial_ids(self, study_id: int) -> list[int]:
-        stale = call_with_retries(
-            self.inner._get_stale_trial_ids, study_id, seconds=self.retry_seconds
-        )
-        if self.grace_period is None:
-            return stale
-        now = time.monotonic()
-        unbeaten = call_with_retries(
-            unbeaten_trial_ids, self.inner, study_id, seconds=self.retry_seconds
-        )
-        self.unbeaten_since = {i: self.unbeaten_since.get(i, now) for i in unbeaten}
-        return stale + [
-            i for i, seen in self.unbeaten_since.items() if now - seen > self.grace_period
-        ]
-
-
-def wait_out_unbeaten(storage: BaseStorage, study_id: int) -> None:
-    """Wait until every running trial of the study that never beat has beaten or is stale (at
-    most the grace period): a resume must not take one for a live worker's."""
-    if not isinstance(storage, RetryingStorage) or not storage.grace_period:
-        return
-    told = False
-    while True:
-        stale = set(storage._get_stale_trial_ids(study_id))
-        waiting = set(storage.unbeaten_since) - stale
-        if not waiting:
-            return
-        if not told:
-            console.console.print(
-                f"{len(waiting)} running trial(s) of this study never sent a heartbeat: waiting "
-                f"up to {storage.grace_period} s (study.heartbeat.grace_period) to see whether "
-                "a worker runs them"
-            )
-            told = True
-        time.sleep(1.0)
-
 
 def _retried(name: str):
     def method(self: RetryingStorage, *args, **kwargs):
@@ -169,6 +129,7 @@ def _once(name: str):
 
 def _safe_to_repeat(name: str) -> bool:
     return name.startswith(("get_", "check_")) or name in (
+        "_get_stale_trial_ids",
         "record_heartbeat",
         "set_study_user_attr",
         "set_study_system_attr",
@@ -240,12 +201,18 @@ def open_storage(
     return storage, names
 
 
-def live_trial_numbers(storage: BaseStorage, study_id: int) -> list[int]:
-    """Running trials whose worker still sends heartbeats (all running ones without them)."""
-    running = storage.get_all_trials(
-        study_id, deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)
-    )
-    stale: set[int] = set()
+def beat_for_unbeaten(storage: BaseStorage, study_id: int) -> None:
+    """Give a running trial without a heartbeat one now, so that it goes stale a grace period
+    later unless a worker runs it: an earlier version of tuner made trials without one, and
+    such a trial of a worker that died was never failed."""
     if isinstance(storage, RetryingStorage) and storage.inner.get_heartbeat_interval():
-        stale = set(storage._get_stale_trial_ids(study_id))
-    return [t.number for t in running if trial_id_of(t) not in stale]
+        for trial_id in call_with_retries(unbeaten_trial_ids, storage.inner, study_id):
+            storage.record_heartbeat(trial_id)
+
+
+def unstale_heartbeats(storage: BaseStorage, study_id: int) -> dict[int, Any]:
+    """The last heartbeat of each running trial of the study that is not stale (by trial id)."""
+    assert isinstance(storage, RetryingStorage)
+    stale = set(storage._get_stale_trial_ids(study_id))
+    beats = call_with_retries(heartbeats, storage.inner, study_id, seconds=storage.retry_seconds)
+    return {trial_id: beat for trial_id, beat in beats.items() if trial_id not in stale}

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 import zlib
 from collections.abc import Mapping
 
@@ -24,14 +25,14 @@ from tuner.store import (
     FilteredSampler,
     Heartbeat,
     Leases,
+    beat_for_unbeaten,
     budget,
     check_change_keys,
     is_sqlite,
-    live_trial_numbers,
     open_storage,
     settings_of,
     settle,
-    wait_out_unbeaten,
+    unstale_heartbeats,
 )
 from tuner.study.backends import described
 from tuner.study.checks import defined_in
@@ -49,22 +50,31 @@ def _worker_salt(url: str) -> int:
 
 
 def _refuse_parallel_sqlite(url: str, storage: optuna.storages.BaseStorage, study_id: int) -> None:
+    """Refused while another worker runs a trial of this SQLite study, as its heartbeats show. A
+    running trial that neither beats nor is stale yet (its worker died less than a grace period
+    ago) is waited for until it does one or the other."""
     if not is_sqlite(url):
         return
-    # A trial left running without a heartbeat (its worker died at once) is no live worker's.
-    wait_out_unbeaten(storage, study_id)
-    live = live_trial_numbers(storage, study_id)
-    if live:
-        raise ConfigError(
-            f"Invalid config: key 'study.storage': another worker is running trial "
-            f"#{live[0]} of this study in {url}. SQLite is not safe for parallel Optuna "
-            "writers: give every worker a server database "
-            "(study.storage=postgresql+psycopg://user@host/db) or Optuna's journal "
-            "file (study.storage=journal:///shared/path/study.log, no server, but no "
-            "heartbeats), or run one worker at a time. If that worker is dead, its trial is "
-            "failed and queued again once it has sent no heartbeat for "
-            "study.heartbeat.grace_period seconds."
-        )
+    first, told = unstale_heartbeats(storage, study_id), False
+    while running := unstale_heartbeats(storage, study_id):
+        beating = [trial_id for trial_id, beat in running.items() if beat != first.get(trial_id)]
+        if beating:
+            raise ConfigError(
+                f"Invalid config: key 'study.storage': another worker is running trial "
+                f"#{storage.get_trial(beating[0]).number} of this study in {url}. SQLite is not "
+                "safe for parallel Optuna writers: give every worker a server database "
+                "(study.storage=postgresql+psycopg://user@host/db) or Optuna's journal "
+                "file (study.storage=journal:///shared/path/study.log, no server, but no "
+                "heartbeats), or run one worker at a time."
+            )
+        if not told:
+            console.console.print(
+                f"{len(running)} running trial(s) of this study sent no heartbeat since this "
+                "worker started: waiting for the next one, or until they are stale (its worker "
+                "died; study.heartbeat.grace_period)"
+            )
+            told = True
+        time.sleep(1.0)
 
 
 def open_study(
@@ -84,6 +94,7 @@ def open_study(
     previous = 0
     if resumed:
         study_id = storage.get_study_id_from_name(str(cfg.study.name))
+        beat_for_unbeaten(storage, study_id)
         _refuse_parallel_sqlite(url, storage, study_id)
         previous = len(storage.get_all_trials(study_id, deepcopy=False))
     # A resumed study must not replay the first invocation's random draws. The sampler learns

@@ -22,7 +22,6 @@ from tuner.interrupts import raise_if_interrupted
 from tuner.keys import FAIL_REASON_ATTR, SKIPPED_ATTR, STORED_TEACHERS_ATTR, TEACHER_TRIAL_ATTR
 from tuner.store import (
     Leases,
-    beat_once,
     budget,
     died,
     requeue,
@@ -206,10 +205,7 @@ def _queue_attempt(
 def _claim(storage: optuna.storages.BaseStorage, trial: FrozenTrial) -> bool:
     """Move a waiting trial to RUNNING; False when another worker moved or finished it first."""
     try:
-        claimed = storage.set_trial_state_values(trial_id_of(trial), TrialState.RUNNING)
+        # With its first heartbeat: should this worker die before it beats, the trial goes stale.
+        return storage.set_trial_state_values(trial_id_of(trial), TrialState.RUNNING)
     except optuna.exceptions.UpdateFinishedTrialError:
         return False
-    if claimed:
-        # Should this worker die before its heartbeat thread starts, the trial goes stale.
-        beat_once(trial_id_of(trial), storage)
-    return claimed
