@@ -47,14 +47,14 @@ AFTER = {
     "tuner/study/teacher_trial.py": WHOLE,
     "tuner/store/lease.py": WHOLE,
     "tuner/store/storage.py": ["RetryingStorage", "_retried", "_once", "_safe_to_repeat", "<loop>"]
-    + ["unstale_heartbeats", "beat_for_unbeaten"],
+    + ["beat_for_unbeaten"],
     # All of it but the message it prints (which was the console's before).
     "tuner/store/retries.py": ["T", "RETRY_SECONDS", "is_transient", "call_with_retries"]
     + ["retrying", "RetryingProxy"],
     "tuner/store/requeue.py": ["requeue", "died"],
     "tuner/study/stale_trials.py": ["StaleTrials", "requeue_orphans"],
     "tuner/study/worker_loop.py": WHOLE,
-    "tuner/study/opening.py": ["_refuse_parallel_sqlite"],
+    "tuner/study/opening.py": ["_hold_sqlite_study"],
     "tuner/trial/model_training.py": ["stored_teacher_to_load"],
     "tuner/trial/teacher.py": [
         "TeacherMissing",
@@ -63,7 +63,7 @@ AFTER = {
         "_downloaded",
     ]
     + ["_root_visible"],
-    "tuner/store/optuna_compat.py": ["stale_trial_ids", "unbeaten_trial_ids", "heartbeats"]
+    "tuner/store/optuna_compat.py": ["stale_trial_ids", "unbeaten_trial_ids"]
     + ["SingleAttemptRDBStorage"],
 }
 

@@ -82,3 +82,21 @@ def test_a_killed_holder_s_lease_is_released_and_leaves_nothing(study_url, tmp_p
             ).scalar()
         engine.dispose()
         assert held == 0
+
+
+def test_a_lease_asked_for_without_waiting_is_refused_at_once_while_another_holds_it(
+    study_url, tmp_path
+):
+    from tuner.store import LeaseHeld, Leases
+
+    first = _holder(study_url, tmp_path / "log", 600.0, "a")
+    assert first.stdout is not None and first.stdout.readline() == "held\n"
+    started = time.monotonic()
+    with pytest.raises(LeaseHeld), Leases(study_url, "s").hold("front", wait=False):
+        pass
+    assert time.monotonic() - started < 5
+    first.send_signal(signal.SIGKILL)
+    first.wait(timeout=30)
+    with Leases(study_url, "s").hold("front", wait=False):
+        held = True
+    assert held

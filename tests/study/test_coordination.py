@@ -78,7 +78,7 @@ def test_a_worker_whose_trial_another_worker_failed_goes_on(tmp_path):
     assert counts == {"lost": 0, "twice": 0, "teachers": 0}
 
 
-def test_a_sqlite_study_resumed_right_after_its_worker_was_killed_waits_for_its_trial(tmp_path):
+def test_a_sqlite_study_resumed_right_after_its_worker_was_killed_takes_its_trial(tmp_path):
     # Before: the resume was refused ("another worker is running trial #0") until the killed
     # worker's trial had been silent for the grace period.
     url = f"sqlite:///{tmp_path}/optuna.db"
@@ -91,6 +91,21 @@ def test_a_sqlite_study_resumed_right_after_its_worker_was_killed_waits_for_its_
     first.process.wait()
     second = cell.worker("b", "none", *same)
     assert cell.finish([second]), "".join(second.lines)
-    assert "sent no heartbeat since this worker started" in "".join(second.lines)
+    # The killed worker's trial was failed once stale and run again by the second worker.
+    assert "sent no heartbeat for 15 s" in "".join(second.lines)
+    counts = fault_matrix.outcome(url, cell.tracking)
+    assert counts == {"lost": 0, "twice": 0, "teachers": 0}
+
+
+def test_of_two_workers_started_together_on_one_sqlite_study_one_is_refused(tmp_path):
+    # Before: both found no running trial, both ran, and both could claim one queued trial.
+    url = f"sqlite:///{tmp_path}/optuna.db"
+    cell = fault_matrix.Cell("sqlite", url, f"sqlite:///{tmp_path}/mlflow.db", tmp_path, 400)
+    workers = [cell.worker(name, "none", "train.distill.alpha=0") for name in ("a", "b")]
+    assert cell.finish(workers, allowed=(0, 2))
+    codes = sorted(worker.process.returncode for worker in workers)
+    output = {worker.process.returncode: "".join(worker.lines) for worker in workers}
+    assert codes == [0, 2], output
+    assert "another worker is running this study" in output[2]
     counts = fault_matrix.outcome(url, cell.tracking)
     assert counts == {"lost": 0, "twice": 0, "teachers": 0}

@@ -17,7 +17,7 @@ from tuner.store.latency_table import (
     stored_key,
     structure_of,
 )
-from tuner.store.lease import Leases
+from tuner.store.lease import LeaseHeld, Leases
 from tuner.store.machines import MACHINE_FIELD, Machine, machines_in, record_machine
 from tuner.store.optuna_compat import (
     FilteredSampler,
@@ -51,7 +51,6 @@ from tuner.store.storage import (
     beat_for_unbeaten,
     is_sqlite,
     open_storage,
-    unstale_heartbeats,
 )
 
 __all__ = [
@@ -62,6 +61,7 @@ __all__ = [
     "LatencyTable",
     "MACHINE_FIELD",
     "Machine",
+    "LeaseHeld",
     "Leases",
     "RETRY_SECONDS",
     "RetryingProxy",
@@ -82,7 +82,6 @@ __all__ = [
     "is_transient",
     "key_on",
     "latency_key",
-    "unstale_heartbeats",
     "machines_in",
     "measured_alike",
     "open_storage",

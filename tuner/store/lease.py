@@ -32,8 +32,12 @@ from sqlalchemy.engine import make_url
 _POLL_SECONDS = 0.2
 
 
+class LeaseHeld(Exception):
+    """Another worker holds the lease asked for without waiting."""
+
+
 @contextmanager
-def _advisory(url: str, scope: str) -> Iterator[None]:
+def _advisory(url: str, scope: str, wait: bool) -> Iterator[None]:
     # TCP keepalives: a holder whose machine vanished without closing its connection frees the
     # lease in minutes, not the system's default two hours.
     keepalives = {"keepalives": 1, "keepalives_idle": 30, "keepalives_interval": 10}
@@ -51,6 +55,8 @@ def _advisory(url: str, scope: str) -> Iterator[None]:
     try:
         with engine.connect() as connection:
             while not connection.execute(sqlalchemy.text(acquire), {"k": key}).scalar():
+                if not wait:
+                    raise LeaseHeld(scope)
                 connection.rollback()
                 time.sleep(_POLL_SECONDS)
             connection.commit()
@@ -68,11 +74,14 @@ def _advisory(url: str, scope: str) -> Iterator[None]:
 
 
 @contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
+def _file_lock(path: Path, wait: bool) -> Iterator[None]:
     # Per open file: two opens of one file exclude each other, in one process too. A blocking
     # wait here still sees Ctrl-C.
     with open(path, "ab") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise LeaseHeld(str(path)) from None
         try:
             yield
         finally:
@@ -80,10 +89,14 @@ def _file_lock(path: Path) -> Iterator[None]:
 
 
 def _file_of(url: str) -> Path | None:
-    """The file a SQLite or journal storage URL names; None for an in-memory one."""
+    """The file a SQLite or journal storage URL names; None for an in-memory one, or a URL that
+    names none."""
     if url.startswith("journal://"):
         return Path(url.removeprefix("journal://"))
-    database = make_url(url).database
+    try:
+        database = make_url(url).database
+    except sqlalchemy.exc.ArgumentError:
+        return None  # refused when the storage opens
     return None if database in (None, "", ":memory:") else Path(database)
 
 
@@ -96,16 +109,18 @@ class Leases:
     study: str
 
     @contextmanager
-    def hold(self, what: str) -> Iterator[None]:
-        """Hold `what` until the block ends; waits while another worker holds it."""
+    def hold(self, what: str, wait: bool = True) -> Iterator[None]:
+        """Hold `what` until the block ends; waits while another worker holds it, or raises
+        `LeaseHeld` at once if not `wait`."""
         scope = f"tuner:{self.study}:{what}"
         if self.url.startswith(("postgresql", "mysql")):
-            with _advisory(self.url, scope):
+            with _advisory(self.url, scope, wait):
                 yield
             return
         path = _file_of(self.url) if self.url.startswith(("sqlite", "journal://")) else None
-        if path is None or not path.exists():
+        # A file the storage cannot make either (no such directory) is refused when it opens.
+        if path is None or not path.parent.is_dir():
             yield
             return
-        with _file_lock(path.with_name(f"{path.name}.{what}.lock")):
+        with _file_lock(path.with_name(f"{path.name}.{what}.lock"), wait):
             yield

@@ -111,22 +111,6 @@ def unbeaten_trial_ids(storage: optuna.storages.RDBStorage, study_id: int) -> li
         return [trial_id for (trial_id,) in query.all()]
 
 
-def heartbeats(storage: optuna.storages.RDBStorage, study_id: int) -> dict[int, Any]:
-    """The last heartbeat of each running trial of the study that has one, by the database's
-    clock."""
-    from optuna.storages._rdb import models
-
-    beat = models.TrialHeartbeatModel
-    with storage.scoped_session() as session:
-        query = (
-            session.query(beat.trial_id, beat.heartbeat)
-            .join(models.TrialModel, models.TrialModel.trial_id == beat.trial_id)
-            .filter(models.TrialModel.study_id == study_id)
-            .filter(models.TrialModel.state == TrialState.RUNNING)
-        )
-        return dict(query.all())
-
-
 def completed_copy(
     trial: FrozenTrial, values: Sequence[float], constraints: dict[str, float]
 ) -> FrozenTrial:

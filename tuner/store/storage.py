@@ -22,7 +22,6 @@ import abc
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import optuna
 import sqlalchemy.exc
@@ -34,7 +33,6 @@ from tuner.secrets import mask_urls_in
 from tuner.store.optuna_compat import (
     BaseHeartbeat,
     SingleAttemptRDBStorage,
-    heartbeats,
     unbeaten_trial_ids,
 )
 from tuner.store.retries import RETRY_SECONDS, call_with_retries, is_transient
@@ -208,11 +206,3 @@ def beat_for_unbeaten(storage: BaseStorage, study_id: int) -> None:
     if isinstance(storage, RetryingStorage) and storage.inner.get_heartbeat_interval():
         for trial_id in call_with_retries(unbeaten_trial_ids, storage.inner, study_id):
             storage.record_heartbeat(trial_id)
-
-
-def unstale_heartbeats(storage: BaseStorage, study_id: int) -> dict[int, Any]:
-    """The last heartbeat of each running trial of the study that is not stale (by trial id)."""
-    assert isinstance(storage, RetryingStorage)
-    stale = set(storage._get_stale_trial_ids(study_id))
-    beats = call_with_retries(heartbeats, storage.inner, study_id, seconds=storage.retry_seconds)
-    return {trial_id: beat for trial_id, beat in beats.items() if trial_id not in stale}

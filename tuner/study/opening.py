@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import os
 import socket
-import time
 import zlib
 from collections.abc import Mapping
+from contextlib import ExitStack
 
 import optuna
 from omegaconf import DictConfig
@@ -24,6 +24,7 @@ from tuner.store import (
     DIRECTIONS,
     FilteredSampler,
     Heartbeat,
+    LeaseHeld,
     Leases,
     beat_for_unbeaten,
     budget,
@@ -32,7 +33,6 @@ from tuner.store import (
     open_storage,
     settings_of,
     settle,
-    unstale_heartbeats,
 )
 from tuner.study.backends import described
 from tuner.study.checks import defined_in
@@ -49,39 +49,30 @@ def _worker_salt(url: str) -> int:
     return zlib.crc32(f"{socket.gethostname()}:{os.getpid()}".encode()) % 100_003
 
 
-def _refuse_parallel_sqlite(url: str, storage: optuna.storages.BaseStorage, study_id: int) -> None:
-    """Refused while another worker runs a trial of this SQLite study, as its heartbeats show. A
-    running trial that neither beats nor is stale yet (its worker died less than a grace period
-    ago) is waited for until it does one or the other."""
+def _hold_sqlite_study(url: str, leases: Leases, lifetime: ExitStack) -> None:
+    """On SQLite, this worker holds the study's `worker` lease until `lifetime` closes: a second
+    worker is refused, however close together they start. The kernel releases the lease of a
+    worker that dies; its running trial goes stale and this worker queues it again."""
     if not is_sqlite(url):
         return
-    first, told = unstale_heartbeats(storage, study_id), False
-    while running := unstale_heartbeats(storage, study_id):
-        beating = [trial_id for trial_id, beat in running.items() if beat != first.get(trial_id)]
-        if beating:
-            raise ConfigError(
-                f"Invalid config: key 'study.storage': another worker is running trial "
-                f"#{storage.get_trial(beating[0]).number} of this study in {url}. SQLite is not "
-                "safe for parallel Optuna writers: give every worker a server database "
-                "(study.storage=postgresql+psycopg://user@host/db) or Optuna's journal "
-                "file (study.storage=journal:///shared/path/study.log, no server, but no "
-                "heartbeats), or run one worker at a time."
-            )
-        if not told:
-            console.console.print(
-                f"{len(running)} running trial(s) of this study sent no heartbeat since this "
-                "worker started: waiting for the next one, or until they are stale (its worker "
-                "died; study.heartbeat.grace_period)"
-            )
-            told = True
-        time.sleep(1.0)
+    try:
+        lifetime.enter_context(leases.hold("worker", wait=False))
+    except LeaseHeld:
+        raise ConfigError(
+            f"Invalid config: key 'study.storage': another worker is running this study in "
+            f"{url}. SQLite is not safe for parallel Optuna writers: give every worker a server "
+            "database (study.storage=postgresql+psycopg://user@host/db) or Optuna's journal "
+            "file (study.storage=journal:///shared/path/study.log, no server, but no "
+            "heartbeats), or run one worker at a time."
+        ) from None
 
 
 def open_study(
-    cfg: DictConfig, tracker: Tracker
+    cfg: DictConfig, tracker: Tracker, lifetime: ExitStack
 ) -> tuple[optuna.Study, optuna.storages.BaseStorage]:
     """The study `study.name` in `study.storage`, created or resumed (one line says which),
-    with its stale trials failed and queued again; and the storage it is opened on."""
+    with its stale trials failed and queued again; and the storage it is opened on. A SQLite
+    study is this worker's alone until `lifetime` closes."""
     check_change_keys([str(key) for key in cfg.study.change_settings])
     url = str(cfg.study.storage)
     heartbeat = Heartbeat.from_config(cfg.study.heartbeat)
@@ -89,13 +80,14 @@ def open_study(
     on_stale = StaleTrials(
         leases, tracker, int(cfg.study.heartbeat.max_retry), heartbeat.grace_period
     )
+    # Before the storage is opened: it makes Optuna's tables in a new file.
+    _hold_sqlite_study(url, leases, lifetime)
     storage, existing = open_storage(url, heartbeat, on_stale)
     resumed = str(cfg.study.name) in existing
     previous = 0
     if resumed:
         study_id = storage.get_study_id_from_name(str(cfg.study.name))
         beat_for_unbeaten(storage, study_id)
-        _refuse_parallel_sqlite(url, storage, study_id)
         previous = len(storage.get_all_trials(study_id, deepcopy=False))
     # A resumed study must not replay the first invocation's random draws. The sampler learns
     # from trained configurations only: another backend's point of a model is a near-duplicate

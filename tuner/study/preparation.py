@@ -12,6 +12,7 @@ import copy
 import itertools
 import os
 from collections.abc import Collection, Mapping, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -188,13 +189,17 @@ class Ready:
     teachers: Teachers | None
 
 
-def ready_study(raw_cfg: DictConfig, sources: Mapping[str, str], overrides: Sequence[str]) -> Ready:
+def ready_study(
+    raw_cfg: DictConfig, sources: Mapping[str, str], overrides: Sequence[str], lifetime: ExitStack
+) -> Ready:
     """Prepare the config, load the data, choose the backends, open the study and check it
     against this run: every step that can refuse the run comes before any trial.
 
     Args:
         sources: search-space key -> file that defines it, named in errors.
         overrides: the command line's Hydra overrides; the keys they set are not searched.
+        lifetime: closed when the run ends; what the run holds (a SQLite study's lease) until
+            then.
     """
     prepared = prepare(raw_cfg, sources, override_keys(overrides))
     cfg, sources = prepared.cfg, prepared.sources
@@ -207,7 +212,7 @@ def ready_study(raw_cfg: DictConfig, sources: Mapping[str, str], overrides: Sequ
     backends, left_out = runnable_backends(listed, sources)
     space = deploy_only_on(prepared.space, backends)
     tracker = Tracker(str(cfg.tracking.uri), str(cfg.tracking.experiment))
-    study, storage = open_study(cfg, tracker)
+    study, storage = open_study(cfg, tracker, lifetime)
     leases = Leases(str(cfg.study.storage), study.study_name)
     check_same_space(study, space, sources, left_out)
     teachers = teachers_for(

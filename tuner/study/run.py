@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +45,12 @@ def run_study(
             they start each point's retraining command.
     """
     console.quiet_libraries()
-    ready = ready_study(raw_cfg, sources or {}, overrides)
+    with ExitStack() as lifetime:
+        return _run(ready_study(raw_cfg, sources or {}, overrides, lifetime), raw_cfg, overrides)
+
+
+def _run(ready: Ready, raw_cfg: DictConfig, overrides: Sequence[str]) -> list[Point]:
+    """`run_study` on the study `ready` opened."""
     cfg, study, tracker, protocol = ready.cfg, ready.study, ready.tracker, ready.data.protocol
     n_trials = int(cfg.study.n_trials)
     finished = nothing_left(study, n_trials)
