@@ -119,32 +119,24 @@ def test_private_names_still_exist(tmp_path):
     assert stale_trial_ids(storage.inner, study_id_of(study)) == []
 
 
-def test_a_trial_made_running_or_claimed_has_a_heartbeat_from_its_start(tmp_path):
-    # Neither trial ever beats (no worker runs it): Optuna's own storage writes no heartbeat
-    # until a heartbeat thread starts, and its stale check skips such a trial for ever.
-    # Stale after 1 s of silence; SQLite's clock counts whole seconds.
-    storage, _ = open_storage(f"sqlite:///{tmp_path}/optuna.db", Heartbeat(1, 1))
-    study = optuna.create_study(storage=storage)
+def test_every_running_trial_has_a_heartbeat_from_its_start(tmp_path):
+    # No trial ever beats (no worker runs it): Optuna's own storage writes no heartbeat until a
+    # heartbeat thread starts, and its stale check skips such a trial for ever.
+    url = f"sqlite:///{tmp_path}/optuna.db"
+    # Left by an earlier version, made as Optuna's own storage makes it: given one on opening.
+    earlier = optuna.create_study(storage=optuna.storages.RDBStorage(url), study_name="s")
+    left = earlier.ask()
+    storage, _ = open_storage(url, Heartbeat(1, 1))
+    study = optuna.load_study(study_name="s", storage=storage)
+    beat_for_unbeaten(storage, study_id_of(study))
     made = study.ask()
     study.enqueue_trial({})
     claimed = study.ask()
-    assert claimed.number == 1 and stale_trial_ids(storage.inner, study_id_of(study)) == []
+    assert claimed.number == 2 and stale_trial_ids(storage.inner, study_id_of(study)) == []
+    # Stale after 1 s of silence; SQLite's clock counts whole seconds.
     time.sleep(2.2)
     stale = stale_trial_ids(storage.inner, study_id_of(study))
-    assert sorted(stale) == [trial_id_of(made), trial_id_of(claimed)]
-
-
-def test_a_trial_an_earlier_version_left_without_a_heartbeat_is_given_one(tmp_path):
-    url = f"sqlite:///{tmp_path}/optuna.db"
-    # Made as Optuna's own storage makes it, its worker dead before its first heartbeat.
-    earlier = optuna.create_study(storage=optuna.storages.RDBStorage(url), study_name="s")
-    orphan = earlier.ask()
-    storage, _ = open_storage(url, Heartbeat(1, 1))
-    study_id = storage.get_study_id_from_name("s")
-    beat_for_unbeaten(storage, study_id)
-    assert stale_trial_ids(storage.inner, study_id) == []
-    time.sleep(2.2)
-    assert stale_trial_ids(storage.inner, study_id) == [trial_id_of(orphan)]
+    assert sorted(stale) == [trial_id_of(left), trial_id_of(made), trial_id_of(claimed)]
 
 
 def test_the_sampler_never_sees_a_duplicate_teacher_trial():

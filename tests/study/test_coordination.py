@@ -23,6 +23,11 @@ def warm_workers(monkeypatch):
     monkeypatch.setattr(fault_matrix, "subprocess", warm)
 
 
+def _sqlite_cell(directory):
+    url = f"sqlite:///{directory}/optuna.db"
+    return fault_matrix.Cell("sqlite", url, f"sqlite:///{directory}/mlflow.db", directory, 400)
+
+
 @pytest.fixture
 def cell(storage_url, tmp_path):
     kind = storage_url.split(":", 1)[0].split("+", 1)[0]
@@ -62,11 +67,10 @@ def test_a_worker_whose_trial_another_worker_failed_goes_on(tmp_path):
 
     from tuner.store.budget import retry_template
 
-    url = f"sqlite:///{tmp_path}/optuna.db"
-    cell = fault_matrix.Cell("sqlite", url, f"sqlite:///{tmp_path}/mlflow.db", tmp_path, 400)
+    cell = _sqlite_cell(tmp_path)
     worker = cell.worker("a", "none", "train.distill.alpha=0", "debug.overrides.train.epochs=5")
     assert worker.wait_for("training step", 300)
-    storage = optuna.storages.RDBStorage(url)
+    storage = optuna.storages.RDBStorage(cell.url)
     study_id = storage.get_study_id_from_name(fault_matrix.STUDY)
     (running,) = storage.get_all_trials(study_id, states=(optuna.trial.TrialState.RUNNING,))
     # What another worker does to a trial it finds silent: fail it, queue its retry.
@@ -74,15 +78,14 @@ def test_a_worker_whose_trial_another_worker_failed_goes_on(tmp_path):
     storage.create_new_trial(study_id, template_trial=retry_template(running))
     assert cell.finish([worker]), "".join(worker.lines)
     assert "failed by another worker that found it silent" in "".join(worker.lines)
-    counts = fault_matrix.outcome(url, cell.tracking)
+    counts = fault_matrix.outcome(cell.url, cell.tracking)
     assert counts == {"lost": 0, "twice": 0, "teachers": 0}
 
 
 def test_a_sqlite_study_resumed_right_after_its_worker_was_killed_takes_its_trial(tmp_path):
     # Before: the resume was refused ("another worker is running trial #0") until the killed
     # worker's trial had been silent for the grace period.
-    url = f"sqlite:///{tmp_path}/optuna.db"
-    cell = fault_matrix.Cell("sqlite", url, f"sqlite:///{tmp_path}/mlflow.db", tmp_path, 400)
+    cell = _sqlite_cell(tmp_path)
     same = ("study.heartbeat.interval=1", "study.heartbeat.grace_period=15")
     same += ("train.distill.alpha=0", "debug.overrides.train.epochs=5")
     first = cell.worker("a", "none", *same)
@@ -93,19 +96,18 @@ def test_a_sqlite_study_resumed_right_after_its_worker_was_killed_takes_its_tria
     assert cell.finish([second]), "".join(second.lines)
     # The killed worker's trial was failed once stale and run again by the second worker.
     assert "sent no heartbeat for 15 s" in "".join(second.lines)
-    counts = fault_matrix.outcome(url, cell.tracking)
+    counts = fault_matrix.outcome(cell.url, cell.tracking)
     assert counts == {"lost": 0, "twice": 0, "teachers": 0}
 
 
 def test_of_two_workers_started_together_on_one_sqlite_study_one_is_refused(tmp_path):
     # Before: both found no running trial, both ran, and both could claim one queued trial.
-    url = f"sqlite:///{tmp_path}/optuna.db"
-    cell = fault_matrix.Cell("sqlite", url, f"sqlite:///{tmp_path}/mlflow.db", tmp_path, 400)
+    cell = _sqlite_cell(tmp_path)
     workers = [cell.worker(name, "none", "train.distill.alpha=0") for name in ("a", "b")]
     assert cell.finish(workers, allowed=(0, 2))
     codes = sorted(worker.process.returncode for worker in workers)
     output = {worker.process.returncode: "".join(worker.lines) for worker in workers}
     assert codes == [0, 2], output
     assert "another worker is running this study" in output[2]
-    counts = fault_matrix.outcome(url, cell.tracking)
+    counts = fault_matrix.outcome(cell.url, cell.tracking)
     assert counts == {"lost": 0, "twice": 0, "teachers": 0}
