@@ -15,25 +15,29 @@ import pytest
 import sqlalchemy
 import warm
 
-# Holds the lease for HOLD seconds and writes when it went in and out, by its own clock.
+# Marks that it asks for the lease (ASKING), holds it, and once the file UNTIL exists ("-": at
+# once) goes on holding for HOLD seconds; writes when it went in and out, by its own clock.
 _HOLDER = """
-import sys, time
+import os, sys, time
 from tuner.store import Leases
-url, log, hold = sys.argv[1], sys.argv[2], float(sys.argv[3])
+url, log, hold, name, until = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4], sys.argv[5]
+open(log + ".asking." + name, "w").close()
 with Leases(url, "s").hold("front"):
     with open(log, "a") as f:
-        f.write(f"in {sys.argv[4]}\\n")
+        f.write(f"in {name}\\n")
     print("held", flush=True)
+    while until != "-" and not os.path.exists(until):
+        time.sleep(0.05)
     time.sleep(hold)
     with open(log, "a") as f:
-        f.write(f"out {sys.argv[4]}\\n")
+        f.write(f"out {name}\\n")
 """
 
 
 def _holder(
-    url: str, log: Path, hold: float, name: str, clock_offset: str = ""
+    url: str, log: Path, hold: float, name: str, clock_offset: str = "", until: str = "-"
 ) -> subprocess.Popen:
-    command = [sys.executable, "-c", _HOLDER, url, str(log), str(hold), name]
+    command = [sys.executable, "-c", _HOLDER, url, str(log), str(hold), name, until]
     if clock_offset:
         # The second worker's clock is `clock_offset` from the first's.
         command = ["faketime", "-f", clock_offset, *command]
@@ -50,9 +54,10 @@ def study_url(storage_url):
 def test_a_worker_whose_clock_is_5_s_behind_waits_for_the_holder(study_url, tmp_path):
     # Timestamped claims let such a worker in at once: its claim looked the earlier one.
     log = tmp_path / "log"
-    first = _holder(study_url, log, 2.0, "a")
+    # The first holds on until the second has asked, and half a second more while it waits.
+    first = _holder(study_url, log, 0.5, "a", until=f"{log}.asking.b")
     assert first.stdout is not None and first.stdout.readline() == "held\n"
-    second = _holder(study_url, log, 0.5, "b", clock_offset="-5s")
+    second = _holder(study_url, log, 0.0, "b", clock_offset="-5s")
     for worker in (first, second):
         assert worker.wait(timeout=60) == 0
     assert log.read_text().split() == ["in", "a", "out", "a", "in", "b", "out", "b"]
