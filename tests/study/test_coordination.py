@@ -15,6 +15,8 @@ import fault_matrix  # noqa: E402
 
 pytestmark = pytest.mark.slow
 NOTHING_LOST = {"lost": 0, "twice": 0, "teachers": 1}
+# The same, for a study that trains no teacher (`train.distill.alpha=0`).
+NOTHING_LOST_NO_TEACHER = {"lost": 0, "twice": 0, "teachers": 0}
 
 
 @pytest.fixture(autouse=True)
@@ -78,8 +80,7 @@ def test_a_worker_whose_trial_another_worker_failed_goes_on(tmp_path):
     storage.create_new_trial(study_id, template_trial=retry_template(running))
     assert cell.finish([worker]), "".join(worker.lines)
     assert "failed by another worker that found it silent" in "".join(worker.lines)
-    counts = fault_matrix.outcome(cell.url, cell.tracking)
-    assert counts == {"lost": 0, "twice": 0, "teachers": 0}
+    assert fault_matrix.outcome(cell.url, cell.tracking) == NOTHING_LOST_NO_TEACHER
 
 
 def test_a_sqlite_study_resumed_right_after_its_worker_was_killed_takes_its_trial(tmp_path):
@@ -96,8 +97,7 @@ def test_a_sqlite_study_resumed_right_after_its_worker_was_killed_takes_its_tria
     assert cell.finish([second]), "".join(second.lines)
     # The killed worker's trial was failed once stale and run again by the second worker.
     assert "sent no heartbeat for 15 s" in "".join(second.lines)
-    counts = fault_matrix.outcome(cell.url, cell.tracking)
-    assert counts == {"lost": 0, "twice": 0, "teachers": 0}
+    assert fault_matrix.outcome(cell.url, cell.tracking) == NOTHING_LOST_NO_TEACHER
 
 
 def test_of_two_workers_started_together_on_one_sqlite_study_one_is_refused(tmp_path):
@@ -109,5 +109,4 @@ def test_of_two_workers_started_together_on_one_sqlite_study_one_is_refused(tmp_
     output = {worker.process.returncode: "".join(worker.lines) for worker in workers}
     assert codes == [0, 2], output
     assert "another worker is running this study" in output[2]
-    counts = fault_matrix.outcome(cell.url, cell.tracking)
-    assert counts == {"lost": 0, "twice": 0, "teachers": 0}
+    assert fault_matrix.outcome(cell.url, cell.tracking) == NOTHING_LOST_NO_TEACHER
