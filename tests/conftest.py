@@ -45,6 +45,12 @@ REPO = Path(__file__).resolve().parent.parent
 COMPILING = frozenset(
     name for name in BACKENDS.names() if BACKENDS.get(name).no_graph_reason == INDUCTOR_KERNELS
 )
+# Backends whose conversion quantises against measured error, layer by layer (onnxruntime_mixed)
+# or with NNCF (openvino_int8), 3-4 s a text case on 2 cores: their per-backend cases run in
+# the full suite too, and the fast selection keeps one direct test of each
+# (test_mixed_precision_keeps_the_layer_int8_hurts_most_in_fp32,
+# test_int8_quantises_the_weighted_layers_and_lists_those_it_leaves).
+SLOW_TO_CONVERT = COMPILING | {"onnxruntime_mixed", "openvino_int8"}
 
 
 # Typed beside a smoke study in the tests of coordination, signals and records, which hold

@@ -117,7 +117,12 @@ def test_a_typed_value_wins_over_the_debug_profile(tmp_path):
     [
         ("/some/missing/dir", "key 'model.name_or_path': no such directory: /some/missing/dir"),
         ("./missing-model", "key 'model.name_or_path': no such directory: ./missing-model"),
-        ("no-such-org/no-such-model", "models cannot be downloaded from the Hugging Face hub here"),
+        # Slow: offline is read as the hub's library is imported, so a new interpreter (4 s).
+        pytest.param(
+            "no-such-org/no-such-model",
+            "models cannot be downloaded from the Hugging Face hub here",
+            marks=pytest.mark.slow,
+        ),
     ],
 )
 def test_model_paths_say_what_is_wrong(value, message, tmp_path):

@@ -95,6 +95,8 @@ def test_a_handler_registered_before_tuner_keeps_the_usual_exit(tmp_path):
     assert done.stderr == "early handler ran\ntorn down\n"
 
 
+# Slow: each command imports what it runs (PyTorch, Hydra, MLflow) in a new interpreter, 3-5 s.
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("command", "args", "status"),
     [("tuner", [], 2), ("tuner.report", ["--help"], 0), ("tuner.measure", ["--help"], 0)],

@@ -57,6 +57,8 @@ def test_code_sees_the_same_arguments_place_input_environment_and_streams(tmp_pa
     assert '"argv": ["-c", "one", "two"]' in cold.stdout and cold.stderr == "to stderr\n"
 
 
+# Slow: a new interpreter imports PyTorch for each command (3-5 s each on 2 cores).
+@pytest.mark.slow
 def test_a_script_and_a_module_print_the_same(tmp_path):
     # argparse names the program after sys.argv[0]; Hydra lists the config groups.
     script = [sys.executable, str(warm.SCRIPTS / "bench_heads.py"), "--help"]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import COMPILING, PROTOCOL, REPO, TINY_BERT, Subject, text_example
+from conftest import PROTOCOL, REPO, SLOW_TO_CONVERT, TINY_BERT, Subject, text_example
 from omegaconf import OmegaConf
 
 from tuner.data.tokens import TokenizedTexts
@@ -113,7 +113,7 @@ def test_every_backend_states_a_tolerance_for_each_modality_it_deploys():
 
 
 def _contract_case(modality: str, name: str, deploy=DEPLOY):
-    marks = [pytest.mark.slow] if name in COMPILING else []
+    marks = [pytest.mark.slow] if name in SLOW_TO_CONVERT else []
     if BACKENDS.get(name).device == "cuda":
         marks.append(pytest.mark.gpu)
     return pytest.param(modality, name, deploy, id=f"{modality}-{name}", marks=marks)
@@ -128,7 +128,13 @@ ORT_INT8 = (
 CONTRACT_CASES = (
     [_contract_case(modality, name) for modality, name in CASES]
     + [
-        pytest.param(modality, name, REDUCED_RANGE, id=f"{modality}-{name}-reduce_range")
+        pytest.param(
+            modality,
+            name,
+            REDUCED_RANGE,
+            id=f"{modality}-{name}-reduce_range",
+            marks=[pytest.mark.slow] if name in SLOW_TO_CONVERT else [],
+        )
         for modality, name in CASES
         if name in ORT_INT8
     ]

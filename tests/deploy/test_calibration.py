@@ -16,7 +16,11 @@ from tuner.study.confirmation import TIMING_CALIBRATION_BATCHES
 
 # The backends that calibrate activation ranges on training batches (`calibration_batches`)
 # and whose graph is the architecture's, not the weights' (so a rebuild is timed for them).
-CALIBRATING = ["onnxruntime_int8_static", "openvino_int8"]
+# NNCF's quantisation of the three artifacts takes 4-6 s on 2 cores: that case is `slow`.
+CALIBRATING = [
+    "onnxruntime_int8_static",
+    pytest.param("openvino_int8", marks=pytest.mark.slow),
+]
 
 
 def _operations(artifact: Path) -> Counter[str]:

@@ -276,6 +276,7 @@ def test_agreement_is_counted_per_held_aside_example():
     assert share == pytest.approx(2 / 3)
 
 
+@pytest.mark.slow  # a new interpreter imports tuner and NNCF: 6 s on 2 cores
 def test_nncf_reports_nothing_from_a_study_s_process():
     """Without a consent file NNCF reports each quantisation to a web analytics service; in a
     process that imports it through tuner it has only its stand-in that sends nothing. Run in a

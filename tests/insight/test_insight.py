@@ -422,6 +422,7 @@ def test_a_points_insight_survives_its_trial_attribute():
     assert insight.top_classes(1) == [("matmul/conv", 1.5, 1.0)]
 
 
+@pytest.mark.slow  # a new interpreter imports PyTorch and profiles: 4-6 s on 2 cores
 def test_profiling_leaves_the_terminal_clean():
     import subprocess
     import sys

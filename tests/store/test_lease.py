@@ -50,6 +50,7 @@ def study_url(storage_url):
     return storage_url
 
 
+@pytest.mark.slow  # two processes under faketime, each importing tuner: 4-6 s on 2 cores
 @pytest.mark.skipif(shutil.which("faketime") is None, reason="needs Debian's faketime")
 def test_a_worker_whose_clock_is_5_s_behind_waits_for_the_holder(study_url, tmp_path):
     # Timestamped claims let such a worker in at once: its claim looked the earlier one.
