@@ -50,7 +50,7 @@ AFTER = {
     + ["beat_for_unbeaten"],
     # All of it but the message it prints (which was the console's before).
     "tuner/store/retries.py": ["T", "RETRY_SECONDS", "is_transient", "call_with_retries"]
-    + ["retrying", "RetryingProxy"],
+    + ["RetryingProxy"],
     "tuner/store/requeue.py": ["requeue", "died"],
     "tuner/study/stale_trials.py": ["StaleTrials", "requeue_orphans"],
     "tuner/study/worker_loop.py": WHOLE,

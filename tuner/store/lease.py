@@ -20,7 +20,7 @@ import fcntl
 import time
 import zlib
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,29 +48,19 @@ def _advisory(url: str, scope: str, wait: bool) -> Iterator[None]:
     )
     mysql = engine.dialect.name == "mysql"
     acquire = "SELECT GET_LOCK(:k, 0)" if mysql else "SELECT pg_try_advisory_lock(:k)"
-    release = "SELECT RELEASE_LOCK(:k)" if mysql else "SELECT pg_advisory_unlock(:k)"
     key: int | str = (
         f"tuner:{zlib.crc32(scope.encode()):08x}" if mysql else zlib.crc32(scope.encode())
     )
-    try:
-        with engine.connect() as connection:
-            while not connection.execute(sqlalchemy.text(acquire), {"k": key}).scalar():
-                if not wait:
-                    raise LeaseHeld(scope)
-                connection.rollback()
-                time.sleep(_POLL_SECONDS)
-            connection.commit()
-            try:
-                yield
-            finally:
-                # Closing the connection releases it too; a lost connection already has.
-                try:
-                    connection.execute(sqlalchemy.text(release), {"k": key})
-                    connection.commit()
-                except sqlalchemy.exc.DBAPIError:
-                    pass
-    finally:
-        engine.dispose()
+    # Without a pool, the connection closes when the block ends (the lease with it), as it does
+    # when it is lost or its holder dies.
+    with engine.connect() as connection:
+        while not connection.execute(sqlalchemy.text(acquire), {"k": key}).scalar():
+            if not wait:
+                raise LeaseHeld(scope)
+            connection.rollback()
+            time.sleep(_POLL_SECONDS)
+        connection.commit()
+        yield
 
 
 @contextmanager
@@ -108,19 +98,13 @@ class Leases:
     url: str
     study: str
 
-    @contextmanager
-    def hold(self, what: str, wait: bool = True) -> Iterator[None]:
+    def hold(self, what: str, wait: bool = True) -> AbstractContextManager[None]:
         """Hold `what` until the block ends; waits while another worker holds it, or raises
         `LeaseHeld` at once if not `wait`."""
-        scope = f"tuner:{self.study}:{what}"
         if self.url.startswith(("postgresql", "mysql")):
-            with _advisory(self.url, scope, wait):
-                yield
-            return
+            return _advisory(self.url, f"tuner:{self.study}:{what}", wait)
         path = _file_of(self.url) if self.url.startswith(("sqlite", "journal://")) else None
         # A file the storage cannot make either (no such directory) is refused when it opens.
         if path is None or not path.parent.is_dir():
-            yield
-            return
-        with _file_lock(path.with_name(f"{path.name}.{what}.lock"), wait):
-            yield
+            return nullcontext()
+        return _file_lock(path.with_name(f"{path.name}.{what}.lock"), wait)

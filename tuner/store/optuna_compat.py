@@ -57,39 +57,31 @@ class SingleAttemptRDBStorage(optuna.storages.RDBStorage):
     def _create_new_trial(
         self, study_id: int, template_trial: FrozenTrial | None = None
     ) -> FrozenTrial:
-        from optuna.storages._rdb import models
-        from optuna.storages._rdb.storage import _create_scoped_session
+        from optuna.storages._rdb import models, storage  # SQLAlchemy's ORM, imported when used
 
-        with _create_scoped_session(self.scoped_session) as session:
+        with storage._create_scoped_session(self.scoped_session) as session:
             # The study's row is locked, as Optuna does, so that trial numbers do not race.
             models.StudyModel.find_or_raise_by_id(study_id, session, for_update=True)
             trial = self._get_prepared_new_trial(study_id, template_trial, session)
             trial_id = trial.trial_id
             if trial.state == TrialState.RUNNING:
-                self._first_heartbeat(session, trial_id)
+                session.add(models.TrialHeartbeatModel(trial_id=trial_id))
         return self.get_trial(trial_id)
 
     def set_trial_state_values(self, trial_id, state, values=None) -> bool:
         if state != TrialState.RUNNING:
             return super().set_trial_state_values(trial_id, state, values)
-        # Claiming a waiting trial, as Optuna does, with its first heartbeat.
-        from optuna.storages._rdb import models
-        from optuna.storages._rdb.storage import _create_scoped_session
+        # Claiming a waiting trial, as Optuna does, with its first heartbeat; False where
+        # another worker claimed it (or finished it) first.
+        from optuna.storages._rdb import models, storage
 
-        with _create_scoped_session(self.scoped_session) as session:
+        with storage._create_scoped_session(self.scoped_session) as session:
             trial = models.TrialModel.find_or_raise_by_id(trial_id, session, for_update=True)
-            self.check_trial_is_updatable(trial_id, trial.state)
             if trial.state != TrialState.WAITING:
                 return False
             trial.state, trial.datetime_start = state, datetime.now()
-            self._first_heartbeat(session, trial_id)
-        return True
-
-    def _first_heartbeat(self, session: Any, trial_id: int) -> None:
-        from optuna.storages._rdb import models
-
-        if self.heartbeat_interval is not None:
             session.add(models.TrialHeartbeatModel(trial_id=trial_id))
+        return True
 
 
 def unbeaten_trial_ids(storage: optuna.storages.RDBStorage, study_id: int) -> list[int]:
@@ -98,17 +90,10 @@ def unbeaten_trial_ids(storage: optuna.storages.RDBStorage, study_id: int) -> li
     from optuna.storages._rdb import models
 
     with storage.scoped_session() as session:
-        query = (
-            session.query(models.TrialModel.trial_id)
-            .outerjoin(
-                models.TrialHeartbeatModel,
-                models.TrialHeartbeatModel.trial_id == models.TrialModel.trial_id,
-            )
-            .filter(models.TrialModel.study_id == study_id)
-            .filter(models.TrialModel.state == TrialState.RUNNING)
-            .filter(models.TrialHeartbeatModel.trial_heartbeat_id.is_(None))
+        running = session.query(models.TrialModel).filter_by(
+            study_id=study_id, state=TrialState.RUNNING
         )
-        return [trial_id for (trial_id,) in query.all()]
+        return [trial.trial_id for trial in running if not trial.heartbeats]
 
 
 def completed_copy(

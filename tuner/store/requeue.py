@@ -6,8 +6,8 @@ from __future__ import annotations
 import optuna
 from optuna.trial import FrozenTrial
 
-from tuner.keys import DUPLICATE_ATTR, FAIL_REASON_ATTR, RETRY_HISTORY
-from tuner.store.budget import retried_numbers, retry_template
+from tuner.keys import FAIL_REASON_ATTR, RETRY_HISTORY
+from tuner.store.budget import is_configuration, retried_numbers, retry_template
 from tuner.store.lease import Leases
 
 
@@ -20,10 +20,9 @@ def requeue(
 ) -> bool:
     """Queue a copy of `trial` with its params, once however many workers ask; False once it
     has been retried `max_retry` times (it then stays failed, and counts)."""
-    if len(trial.system_attrs.get(RETRY_HISTORY, [])) >= max_retry:
-        return False
-    # A teacher trial finished unrun by an earlier version of tuner is never run again.
-    if DUPLICATE_ATTR in trial.system_attrs:
+    # Only configurations are trained: not another backend's point of a model, nor a teacher
+    # trial that an earlier version of tuner finished unrun.
+    if len(trial.system_attrs.get(RETRY_HISTORY, [])) >= max_retry or not is_configuration(trial):
         return False
     with leases.hold("requeue"):
         if trial.number not in retried_numbers(storage.get_all_trials(study_id, deepcopy=False)):

@@ -58,26 +58,16 @@ def call_with_retries(
 ) -> T:
     deadline = time.monotonic() + seconds
     wait = _FIRST_WAIT
-    warned = False
     while True:
         try:
             return function(*args, **kwargs)
         except Exception as error:
             if not is_transient(error) or time.monotonic() + wait > deadline:
                 raise
-            if not warned:
+            if wait == _FIRST_WAIT:  # said once, at the first retry
                 database_retry(getattr(function, "__name__", "call"), error_line(error), seconds)
-                warned = True
             time.sleep(wait)
             wait = min(wait * 2, _LONGEST_WAIT)
-
-
-def retrying(function: Callable[..., T]) -> Callable[..., T]:
-    @functools.wraps(function)
-    def wrapper(*args: Any, **kwargs: Any) -> T:
-        return call_with_retries(function, *args, **kwargs)
-
-    return wrapper
 
 
 class RetryingProxy:
@@ -93,7 +83,9 @@ class RetryingProxy:
 
     def __getattr__(self, name: str) -> Any:
         value = getattr(self._wrapped, name)
-        return retrying(value) if callable(value) and name not in self._ONCE else value
+        if callable(value) and name not in self._ONCE:
+            return functools.partial(call_with_retries, value)
+        return value
 
 
 def database_retry(operation: str, error: str, seconds: float) -> None:

@@ -15,7 +15,6 @@ from optuna.trial import FrozenTrial
 from tuner.store import (
     Leases,
     died,
-    is_configuration,
     requeue,
     retried_numbers,
     storage_of,
@@ -57,5 +56,5 @@ def requeue_orphans(
     trials = storage.get_all_trials(study_id, deepcopy=False)
     retried = retried_numbers(trials)
     for trial in trials:
-        if died(trial) and trial.number not in retried and is_configuration(trial):
+        if died(trial) and trial.number not in retried:
             requeue(leases, storage, study_id, trial, max_retry)

@@ -93,7 +93,9 @@ def _ensure_trained(
             # None yet, or one that stored a teacher since forgotten, or one that failed before.
             _queue_attempt(leases, storage, study_id, teachers, latest)
         elif latest.state == TrialState.WAITING:
-            if _claim(storage, latest):
+            # False where another worker claimed it first. Claimed with its first heartbeat:
+            # should this worker die before it beats, the trial goes stale.
+            if storage.set_trial_state_values(trial_id_of(latest), TrialState.RUNNING):
                 messages.training_teacher(latest.number, teachers.reference)
                 run_trial(storage.get_trial(trial_id_of(latest)))
         elif latest.state == TrialState.RUNNING:
@@ -148,27 +150,21 @@ def _stored_teacher_fetched(
         return False
 
 
-def _attempts(
+def _latest_attempt(
     storage: optuna.storages.BaseStorage, study_id: int, reference: str
-) -> list[FrozenTrial]:
-    """The study's trials that train the teacher `reference` (retries included), in order."""
-    trials = storage.get_all_trials(study_id, deepcopy=False)
+) -> FrozenTrial | None:
+    """The study's latest trial that trains the teacher `reference` (a retry included).
+    Attempts follow one another: a new one is queued only once none is live."""
+    trials = storage.get_all_trials(study_id, deepcopy=False)  # in the order of their numbers
     by_number = {t.number: t for t in trials}
-    return [
+    attempts = [
         t
         for t in trials
         # A teacher trial finished unrun by an earlier version of tuner is no attempt.
         if budget.is_configuration(t)
-        and (record := teacher_of(t, by_number))
-        and record["reference"] == reference
+        and (teacher_of(t, by_number) or {}).get("reference") == reference
     ]
-
-
-def _latest_attempt(
-    storage: optuna.storages.BaseStorage, study_id: int, reference: str
-) -> FrozenTrial | None:
-    # Attempts follow one another: a new one is queued only once none is live.
-    return max(_attempts(storage, study_id, reference), key=lambda t: t.number, default=None)
+    return attempts[-1] if attempts else None
 
 
 def _queue_attempt(
@@ -185,13 +181,12 @@ def _queue_attempt(
     reference = str(teachers.reference)
     with leases.hold("teacher"):
         stored = dict(storage.get_study_user_attrs(study_id).get(STORED_TEACHERS_ATTR) or {})
-        if gone is not None and (stored.get(reference) or {}).get("uri") != gone:
-            return  # another worker dropped it first, and queued its new attempt
+        # Stored (with `gone`: another worker dropped it first, and queued its new attempt).
+        if (stored.get(reference) or {}).get("uri") != gone:
+            return
         if gone is not None:
             stored.pop(reference)
             storage.set_study_user_attr(study_id, STORED_TEACHERS_ATTR, stored)
-        elif reference in stored:
-            return
         latest = _latest_attempt(storage, study_id, reference)
         if (latest and latest.number) != (seen and seen.number):
             return
@@ -200,12 +195,3 @@ def _queue_attempt(
             system_attrs={TEACHER_TRIAL_ATTR: {"reference": reference, "params": teachers.params}},
         )
         storage.create_new_trial(study_id, template_trial=template)
-
-
-def _claim(storage: optuna.storages.BaseStorage, trial: FrozenTrial) -> bool:
-    """Move a waiting trial to RUNNING; False when another worker moved or finished it first."""
-    try:
-        # With its first heartbeat: should this worker die before it beats, the trial goes stale.
-        return storage.set_trial_state_values(trial_id_of(trial), TrialState.RUNNING)
-    except optuna.exceptions.UpdateFinishedTrialError:
-        return False
