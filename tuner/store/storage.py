@@ -204,5 +204,8 @@ def beat_for_unbeaten(storage: BaseStorage, study_id: int) -> None:
     later unless a worker runs it: an earlier version of tuner made trials without one, and
     such a trial of a worker that died was never failed."""
     if isinstance(storage, RetryingStorage) and storage.inner.get_heartbeat_interval():
-        for trial_id in call_with_retries(unbeaten_trial_ids, storage.inner, study_id):
+        unbeaten = call_with_retries(
+            unbeaten_trial_ids, storage.inner, study_id, seconds=storage.retry_seconds
+        )
+        for trial_id in unbeaten:
             storage.record_heartbeat(trial_id)

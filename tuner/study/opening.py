@@ -68,15 +68,14 @@ def _hold_sqlite_study(url: str, leases: Leases, lifetime: ExitStack) -> None:
 
 
 def open_study(
-    cfg: DictConfig, tracker: Tracker, lifetime: ExitStack
+    cfg: DictConfig, tracker: Tracker, leases: Leases, lifetime: ExitStack
 ) -> tuple[optuna.Study, optuna.storages.BaseStorage]:
     """The study `study.name` in `study.storage`, created or resumed (one line says which),
     with its stale trials failed and queued again; and the storage it is opened on. A SQLite
-    study is this worker's alone until `lifetime` closes."""
+    study is this worker's alone until `lifetime` closes; `leases` are the study's."""
     check_change_keys([str(key) for key in cfg.study.change_settings])
     url = str(cfg.study.storage)
     heartbeat = Heartbeat.from_config(cfg.study.heartbeat)
-    leases = Leases(url, str(cfg.study.name))
     on_stale = StaleTrials(
         leases, tracker, int(cfg.study.heartbeat.max_retry), heartbeat.grace_period
     )

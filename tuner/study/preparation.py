@@ -212,8 +212,8 @@ def ready_study(
     backends, left_out = runnable_backends(listed, sources)
     space = deploy_only_on(prepared.space, backends)
     tracker = Tracker(str(cfg.tracking.uri), str(cfg.tracking.experiment))
-    study, storage = open_study(cfg, tracker, lifetime)
-    leases = Leases(str(cfg.study.storage), study.study_name)
+    leases = Leases(str(cfg.study.storage), str(cfg.study.name))
+    study, storage = open_study(cfg, tracker, leases, lifetime)
     check_same_space(study, space, sources, left_out)
     teachers = teachers_for(
         cfg, space, data.splits.label_names, study.get_trials(deepcopy=False), study.user_attrs
