@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 import torch
 import warm
+from mlflow_stores import stores_from_template
 from omegaconf import OmegaConf
 from postgres import (  # noqa: F401  (fixtures)
     postgres_database,
@@ -207,6 +208,12 @@ class Subject:
     val_data: Encoded
     example: ExampleInputs
     calibration: list[tuple[torch.Tensor, ...]]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _mlflow_stores_from_template(tmp_path_factory) -> None:
+    """New SQLite MLflow stores of this process start from a migrated template (mlflow_stores)."""
+    stores_from_template(tmp_path_factory.mktemp("mlflow-template"))
 
 
 @pytest.fixture(scope="session")

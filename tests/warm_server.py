@@ -19,6 +19,7 @@ import types
 from pathlib import Path
 
 import warm
+from mlflow_stores import stores_from_template
 
 # What the commands import: the server imports it once (but never the commands' own modules,
 # which run as __main__).
@@ -41,6 +42,7 @@ def _serve(path: str) -> dict:
 
     for module in PRELOADED:
         importlib.import_module(module)
+    stores_from_template(Path(path).parent)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
     listener.listen(16)
