@@ -39,7 +39,7 @@ def _frozen(
     """A loader compiling the model with freezing and calling it inside `precision`."""
 
     def load(artifact: Path, deploy: DictConfig) -> Logits:
-        compiled = compiled_alone(load_weights(artifact), dynamic=True, options={"freezing": True})
+        compiled = compiled_alone(load_weights(artifact), options={"freezing": True})
 
         def logits_of(*inputs: torch.Tensor) -> torch.Tensor:
             # Freezing applies to graphs that need no gradients.

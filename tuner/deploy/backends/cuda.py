@@ -83,7 +83,7 @@ class _Variant:
     def load(self, artifact: Path, deploy: DictConfig) -> Logits:
         device = torch.device(str(deploy.device))
         model = load_weights(artifact).to(device)
-        forward = compiled_alone(model, dynamic=True) if self.compiled else model
+        forward = compiled_alone(model) if self.compiled else model
         return OnGpu(forward, device, self.autocast_dtype)
 
 
