@@ -35,12 +35,16 @@ def compile_unavailable() -> str | None:
 
 def compiled_alone(model: nn.Module, **settings: Any) -> Callable[..., torch.Tensor]:
     """`torch.compile(model, **settings)`, its compiled code kept for this model alone, with
-    Dynamo's automatic dynamic shapes.
+    the batch symbolic and Dynamo's automatic dynamic shapes for the other sizes.
 
-    The first call compiles for its exact shapes; a later call whose sizes differ compiles again
-    with those sizes (the batch, a text's length) left symbolic, once. Sizes that never change,
-    an image's height and width, stay constants: Inductor then indexes its kernels by plain
-    numbers instead of symbolic expressions, and compiles an image model in 30-50% less time.
+    The batch (the first dimension of every input) varies between calls wherever a model is
+    served, so it is symbolic from the first call of more than one example: a served model
+    compiles once for every batch size, not for its first request's and again for the next
+    one's. A batch of one is compiled for apart (Dynamo specialises sizes 0 and 1). Another size
+    compiles as its first call had it, and symbolic from the first call that changes it (a
+    text's length), once. Sizes that never change, an image's height and width, stay constants:
+    Inductor then indexes its kernels by plain numbers instead of symbolic expressions, and
+    compiles an image model in 30-50% less time.
 
     Dynamo files compiled code under the Python code object it compiled, and compiling a model
     compiles its class's `forward`, which every model of the family shares: each architecture a
@@ -57,7 +61,14 @@ def compiled_alone(model: nn.Module, **settings: Any) -> Callable[..., torch.Ten
     own = types.FunctionType(
         call.__code__.replace(), call.__globals__, call.__name__, None, call.__closure__
     )
-    return torch.compile(own, dynamic=None, **settings)
+    compiled = torch.compile(own, dynamic=None, **settings)
+
+    def any_batch(*inputs: torch.Tensor) -> torch.Tensor:
+        for tensor in inputs:
+            torch._dynamo.maybe_mark_dynamic(tensor, 0)
+        return compiled(*inputs)
+
+    return any_batch
 
 
 def _load(artifact: Path, deploy: DictConfig) -> Logits:
