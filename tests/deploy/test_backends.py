@@ -12,6 +12,7 @@ import pytest
 import torch
 from conftest import PROTOCOL, REPO, SLOW_TO_CONVERT, TINY_BERT, Subject, text_example
 from omegaconf import OmegaConf
+from torch import nn
 
 from tuner.data.tokens import TokenizedTexts
 from tuner.deploy.backends import BACKENDS, Backend
@@ -660,6 +661,32 @@ def test_a_compiled_backend_compiles_every_architecture_one_process_loads(val_da
         # Both shapes compiled for this model (batch 1 during conversion), none run eagerly.
         assert counters["stats"]["unique_graphs"] - graphs == 2, width
         assert (logits - expected).abs().max() <= TOLERANCE["text"][name]
+
+
+@pytest.mark.slow
+def test_a_compiled_model_takes_later_batches_in_one_graph_and_image_sizes_as_constants():
+    """A served model's requests of 8 and then 5 images run one compiled graph; an image of
+    another size compiles another, its height and width having been constants."""
+    from torch._dynamo.utils import counters
+
+    from tuner.deploy.backends.compile import compiled_alone
+
+    # Dynamo keeps which sizes changed per source line of the compiled function, for every
+    # model of the process: forgotten, so that earlier tests' shapes count for nothing here.
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    layers = (nn.Conv2d(1, 4, 3), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten())
+    model = nn.Sequential(*layers).eval()
+    compiled = compiled_alone(model)
+    graphs = counters["stats"]["unique_graphs"]
+    with torch.no_grad():
+        for batch in (8, 5):
+            images = torch.randn(batch, 1, 12, 12)
+            assert torch.allclose(compiled(images), model(images), atol=1e-5)
+        assert counters["stats"]["unique_graphs"] - graphs == 1
+        larger = torch.randn(8, 1, 16, 16)
+        assert torch.allclose(compiled(larger), model(larger), atol=1e-5)
+    assert counters["stats"]["unique_graphs"] - graphs == 2
 
 
 def test_fused_backends_fuse_the_attention_of_pruned_heads(text_heads_subject, tmp_path):

@@ -38,13 +38,13 @@ def compiled_alone(model: nn.Module, **settings: Any) -> Callable[..., torch.Ten
     the batch symbolic and Dynamo's automatic dynamic shapes for the other sizes.
 
     The batch (the first dimension of every input) varies between calls wherever a model is
-    served, so it is symbolic from the first call of more than one example: a served model
-    compiles once for every batch size, not for its first request's and again for the next
-    one's. A batch of one is compiled for apart (Dynamo specialises sizes 0 and 1). Another size
-    compiles as its first call had it, and symbolic from the first call that changes it (a
-    text's length), once. Sizes that never change, an image's height and width, stay constants:
-    Inductor then indexes its kernels by plain numbers instead of symbolic expressions, and
-    compiles an image model in 30-50% less time.
+    served, so it is symbolic from the first call of more than one example: a served model's
+    first batched request compiles a graph later batches reuse, not one for its own size alone
+    and another at the next request. A batch of one is compiled for apart (Dynamo specialises
+    sizes 0 and 1). Another size compiles as its first call had it, and symbolic from the first
+    call that changes it (a text's length), once. Sizes that never change, an image's height
+    and width, stay constants: Inductor then indexes its kernels by plain numbers instead of
+    symbolic expressions, and compiles an image model in 30-50% less time.
 
     Dynamo files compiled code under the Python code object it compiled, and compiling a model
     compiles its class's `forward`, which every model of the family shares: each architecture a
@@ -61,11 +61,17 @@ def compiled_alone(model: nn.Module, **settings: Any) -> Callable[..., torch.Ten
     own = types.FunctionType(
         call.__code__.replace(), call.__globals__, call.__name__, None, call.__closure__
     )
-    compiled = torch.compile(own, dynamic=None, **settings)
+    compiled = torch.compile(own, **settings)
+    batched = False
 
     def any_batch(*inputs: torch.Tensor) -> torch.Tensor:
-        for tensor in inputs:
-            torch._dynamo.maybe_mark_dynamic(tensor, 0)
+        # Marked on the first batched call only: the graph it compiles takes every later batch,
+        # and marking costs some 20 us a tensor, on the path latencies are timed on.
+        nonlocal batched
+        if not batched and inputs[0].shape[0] > 1:
+            for tensor in inputs:
+                torch._dynamo.maybe_mark_dynamic(tensor, 0)
+            batched = True
         return compiled(*inputs)
 
     return any_batch
