@@ -28,6 +28,7 @@ from postgres import (  # noqa: F401  (fixtures)
     restartable_postgres_database,
     storage_url,
 )
+from smoke_study import SMOKE
 from torch import nn
 from warm import pytest_collection_finish  # noqa: F401  (a hook)
 
@@ -52,6 +53,19 @@ COMPILING = frozenset(
 # (test_mixed_precision_keeps_the_layer_int8_hurts_most_in_fp32,
 # test_int8_quantises_the_weighted_layers_and_lists_those_it_leaves).
 SLOW_TO_CONVERT = COMPILING | {"onnxruntime_mixed", "openvino_int8"}
+
+
+def backend_marks(name: str) -> list:
+    """The marks of a test case that converts a model on backend `name`. The cases that compile
+    with Inductor run one after another in one test process: a graph compiled by one case
+    (the contract's, the served model's) is then found in Inductor's cache by the next, where
+    two processes compiling the same graph at once would each pay for it, on a shared core."""
+    marks = [pytest.mark.slow] if name in SLOW_TO_CONVERT else []
+    if name in COMPILING:
+        marks.append(pytest.mark.xdist_group("inductor"))
+    if BACKENDS.get(name).device == "cuda":
+        marks.append(pytest.mark.gpu)
+    return marks
 
 
 # Typed beside a smoke study in the tests of coordination, signals and records, which hold
@@ -355,3 +369,16 @@ def run_cli(
     env = {**os.environ, "HYDRA_FULL_ERROR": "0", **(env or {})}
     command = cli_command(cwd, *args)
     return warm.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="session")
+def smoke_study(tmp_path_factory) -> Path:
+    """The plain smoke study, made once for the process, with its console's output in
+    stdout.txt and stderr.txt. Read through `smoke_study.copy_of_study`, never in place; the
+    tests that read it share the xdist group `smoke_study`, so one process makes it."""
+    path = tmp_path_factory.mktemp("smoke_study")
+    result = run_cli(path, *SMOKE)
+    assert result.returncode == 0, result.stderr
+    (path / "stdout.txt").write_text(result.stdout)
+    (path / "stderr.txt").write_text(result.stderr)
+    return path

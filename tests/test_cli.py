@@ -18,6 +18,7 @@ from conftest import (
     stored_sessions,
 )
 from mlflow.tracking import MlflowClient
+from smoke_study import SMOKE, copy_of_study
 
 from tuner.deploy.backends import BACKENDS as REGISTERED
 from tuner.front.points import study_points
@@ -30,7 +31,6 @@ from tuner.keys import (
 )
 
 TrialState = optuna.trial.TrialState
-SMOKE = ("+experiment=bert_ffn", "debug=smoke")
 TRAINING_PARAMS = {
     "train.lr",
     "train.weight_decay",
@@ -149,23 +149,25 @@ def _assert_each_trial_carries_its_model_s_largest_area(study: optuna.Study) -> 
 
 
 @pytest.mark.slow
-def test_smoke_study_end_to_end_and_resume(tmp_path):
-    result = run_cli(tmp_path, *SMOKE)
-    assert result.returncode == 0, result.stderr
-    assert "Trial 1/2" in result.stdout and "Trial 2/2" in result.stdout
-    assert "Pareto front of 'bert_ffn-smoke'" in result.stdout
+@pytest.mark.xdist_group("smoke_study")
+def test_smoke_study_end_to_end_and_resume(smoke_study, tmp_path):
+    # The first run is the process's smoke study (`run_cli(smoke_study, *SMOKE)`), its records
+    # copied here to be resumed.
+    stdout = (smoke_study / "stdout.txt").read_text()
+    stderr = (smoke_study / "stderr.txt").read_text()
+    copy_of_study(smoke_study, tmp_path)
+    assert "Trial 1/2" in stdout and "Trial 2/2" in stdout
+    assert "Pareto front of 'bert_ffn-smoke'" in stdout
     # Trained once per configuration: a log (no terminal) gets plain progress lines as training
     # goes, each with step, loss and ETA, and the last one at the final step of each trial.
-    steps = re.findall(
-        r"^  training step (\d+)/(\d+) \(\d+%\), loss [\d.]+, elapsed", result.stdout, re.M
-    )
+    steps = re.findall(r"^  training step (\d+)/(\d+) \(\d+%\), loss [\d.]+, elapsed", stdout, re.M)
     assert len(steps) > 2 and sum(done == total for done, total in steps) == 2
     # How to review it: the MLflow UI command and the runs view of the study's experiment.
-    assert f"mlflow ui --backend-store-uri sqlite:///{tmp_path}/mlflow.db" in result.stdout
-    assert re.search(r"http://127\.0\.0\.1:5000/#/experiments/\d+/runs/[0-9a-f]{32}", result.stdout)
+    assert f"mlflow ui --backend-store-uri sqlite:///{smoke_study}/mlflow.db" in stdout
+    assert re.search(r"http://127\.0\.0\.1:5000/#/experiments/\d+/runs/[0-9a-f]{32}", stdout)
     # Library spam stays quiet.
-    assert "Loading weights" not in result.stdout + result.stderr
-    assert "Warning" not in result.stderr
+    assert "Loading weights" not in stdout + stderr
+    assert "Warning" not in stderr
 
     study = _study(tmp_path)
     complete = study.get_trials(states=(TrialState.COMPLETE,))

@@ -30,6 +30,7 @@ from conftest import (
     stored_sessions,
 )
 from mlflow.tracking import MlflowClient
+from smoke_study import SMOKE, copy_of_study
 
 from tuner.config.compose import apply_debug, compose_config, resolve
 from tuner.data import load_splits
@@ -43,11 +44,10 @@ from tuner.keys import (
     ROLE_TAG,
 )
 
-# Real studies in subprocesses: the full suite's, not the fast selection's. In one process of a
-# parallel run, which runs the study they read once.
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("review")]
+# Real studies in subprocesses: the full suite's, not the fast selection's. In the process of a
+# parallel run that makes the smoke study they read.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("smoke_study")]
 
-SMOKE = ("+experiment=bert_ffn", "debug=smoke")
 STUDY = "bert_ffn-smoke"
 
 
@@ -123,13 +123,9 @@ def test_the_dominated_area_of_hand_made_points():
 
 
 @pytest.fixture(scope="module")
-def smoke(tmp_path_factory):
-    """One finished smoke study, read by the tests below."""
-    path = tmp_path_factory.mktemp("study")
-    result = run_cli(path, *SMOKE)
-    assert result.returncode == 0, result.stderr
-    (path / "stdout.txt").write_text(result.stdout)
-    return path
+def smoke(smoke_study, tmp_path_factory):
+    """The finished smoke study, copied for the tests below, which read it and add to it."""
+    return copy_of_study(smoke_study, tmp_path_factory.mktemp("study"))
 
 
 def test_parent_run_holds_the_front_hypervolume_and_protocol(smoke):

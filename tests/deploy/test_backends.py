@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import PROTOCOL, REPO, SLOW_TO_CONVERT, TINY_BERT, Subject, text_example
+from conftest import PROTOCOL, REPO, TINY_BERT, Subject, backend_marks, text_example
 from omegaconf import OmegaConf
 from torch import nn
 
@@ -114,10 +114,7 @@ def test_every_backend_states_a_tolerance_for_each_modality_it_deploys():
 
 
 def _contract_case(modality: str, name: str, deploy=DEPLOY):
-    marks = [pytest.mark.slow] if name in SLOW_TO_CONVERT else []
-    if BACKENDS.get(name).device == "cuda":
-        marks.append(pytest.mark.gpu)
-    return pytest.param(modality, name, deploy, id=f"{modality}-{name}", marks=marks)
+    return pytest.param(modality, name, deploy, id=f"{modality}-{name}", marks=backend_marks(name))
 
 
 ORT_INT8 = (
@@ -134,7 +131,7 @@ CONTRACT_CASES = (
             name,
             REDUCED_RANGE,
             id=f"{modality}-{name}-reduce_range",
-            marks=[pytest.mark.slow] if name in SLOW_TO_CONVERT else [],
+            marks=backend_marks(name),
         )
         for modality, name in CASES
         if name in ORT_INT8
@@ -666,17 +663,22 @@ def test_a_compiled_backend_compiles_every_architecture_one_process_loads(val_da
 @pytest.mark.slow
 def test_a_compiled_model_takes_later_batches_in_one_graph_and_image_sizes_as_constants():
     """A served model's requests of 8 and then 5 images run one compiled graph; an image of
-    another size compiles another, its height and width having been constants."""
+    another size compiles another, its height and width having been constants, although a
+    model the process compiled before it was called at two sizes."""
     from torch._dynamo.utils import counters
 
     from tuner.deploy.backends.compile import compiled_alone
 
-    # Dynamo keeps which sizes changed per source line of the compiled function, for every
-    # model of the process: forgotten, so that earlier tests' shapes count for nothing here.
-    torch._dynamo.reset()
+    def small_cnn() -> nn.Module:
+        layers = (nn.Conv2d(1, 4, 3), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten())
+        return nn.Sequential(*layers).eval()
+
     torch.manual_seed(0)
-    layers = (nn.Conv2d(1, 4, 3), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten())
-    model = nn.Sequential(*layers).eval()
+    with torch.no_grad():
+        earlier = compiled_alone(small_cnn())
+        for size in (20, 24):
+            earlier(torch.randn(8, 1, size, size))
+    model = small_cnn()
     compiled = compiled_alone(model)
     graphs = counters["stats"]["unique_graphs"]
     with torch.no_grad():

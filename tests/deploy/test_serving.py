@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from conftest import PROTOCOL, REPO, SLOW_TO_CONVERT, TINY_BERT, TINY_BERT_DIR
+from conftest import PROTOCOL, REPO, TINY_BERT, TINY_BERT_DIR, backend_marks
 from omegaconf import OmegaConf
 from test_backends import DEPLOY
 
@@ -46,8 +46,7 @@ def _available(modality: str) -> list:
                 if name in left_out
                 else []
             )
-            + ([pytest.mark.slow] if name in SLOW_TO_CONVERT else [])
-            + ([pytest.mark.gpu] if BACKENDS.get(name).device == "cuda" else []),
+            + backend_marks(name),
             id=name,
         )
         for name in names

@@ -7,6 +7,7 @@ counts as conversion and not as latency.
 
 from __future__ import annotations
 
+import itertools
 import shutil
 import types
 from collections.abc import Callable
@@ -25,6 +26,10 @@ INDUCTOR_KERNELS = (
     "runs code Inductor generates when the artifact is loaded: its kernels are no operator "
     "graph to dump"
 )
+
+
+# Numbers the functions `compiled_alone` compiles, one per model, in this process.
+_COMPILED = itertools.count()
 
 
 def compile_unavailable() -> str | None:
@@ -53,14 +58,16 @@ def compiled_alone(model: nn.Module, **settings: Any) -> Callable[..., torch.Ten
     model eagerly, with a warning and no error, so a long study's later compiled points would
     time eager code; before that, each call checks the earlier models' guards first. Compiling a
     function with a code object of its own per model keeps its entries with it, and they go when
-    it goes."""
+    it goes. Which sizes have changed Dynamo keeps apart, under the function's file, first line
+    and name: the function's name is the model's own too, or a size one model's calls changed
+    (an image's height, for a model served at another size) would compile symbolic for every
+    model the process loads after it."""
 
     def call(*inputs: torch.Tensor) -> torch.Tensor:
         return model(*inputs)
 
-    own = types.FunctionType(
-        call.__code__.replace(), call.__globals__, call.__name__, None, call.__closure__
-    )
+    code = call.__code__.replace(co_name=f"{call.__name__}_{next(_COMPILED)}")
+    own = types.FunctionType(code, call.__globals__, code.co_name, None, call.__closure__)
     compiled = torch.compile(own, **settings)
     batched = False
 
