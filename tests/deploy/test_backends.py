@@ -664,31 +664,36 @@ def test_a_compiled_backend_compiles_every_architecture_one_process_loads(val_da
 def test_a_compiled_model_takes_later_batches_in_one_graph_and_image_sizes_as_constants():
     """A served model's requests of 8 and then 5 images run one compiled graph; an image of
     another size compiles another, its height and width having been constants, although a
-    model the process compiled before it was called at two sizes."""
+    model of another class the process compiled before it was called at two sizes. A model of
+    that other class compiles the sizes its family's calls changed symbolic at once."""
     from torch._dynamo.utils import counters
 
     from tuner.deploy.backends.compile import compiled_alone
 
-    def small_cnn() -> nn.Module:
+    class OtherFamily(nn.Sequential):
+        pass
+
+    def small_cnn(family: type[nn.Sequential]) -> nn.Module:
         layers = (nn.Conv2d(1, 4, 3), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten())
-        return nn.Sequential(*layers).eval()
+        return family(*layers).eval()
+
+    def graphs_after_each_call(model: nn.Module, *calls: tuple[int, int]) -> list[int]:
+        """The graphs compiled for `model` after each call, a call being (batch, side)."""
+        compiled = compiled_alone(model)
+        before, graphs = counters["stats"]["unique_graphs"], []
+        with torch.no_grad():
+            for batch, side in calls:
+                images = torch.randn(batch, 1, side, side)
+                assert torch.allclose(compiled(images), model(images), atol=1e-5)
+                graphs.append(counters["stats"]["unique_graphs"] - before)
+        return graphs
 
     torch.manual_seed(0)
-    with torch.no_grad():
-        earlier = compiled_alone(small_cnn())
-        for size in (20, 24):
-            earlier(torch.randn(8, 1, size, size))
-    model = small_cnn()
-    compiled = compiled_alone(model)
-    graphs = counters["stats"]["unique_graphs"]
-    with torch.no_grad():
-        for batch in (8, 5):
-            images = torch.randn(batch, 1, 12, 12)
-            assert torch.allclose(compiled(images), model(images), atol=1e-5)
-        assert counters["stats"]["unique_graphs"] - graphs == 1
-        larger = torch.randn(8, 1, 16, 16)
-        assert torch.allclose(compiled(larger), model(larger), atol=1e-5)
-    assert counters["stats"]["unique_graphs"] - graphs == 2
+    # The other family's first model: its height and width change at the second call.
+    assert graphs_after_each_call(small_cnn(OtherFamily), (8, 20), (8, 24)) == [1, 2]
+    assert graphs_after_each_call(small_cnn(nn.Sequential), (8, 12), (5, 12), (8, 16)) == [1, 1, 2]
+    # The other family's next model: one graph for both sizes, symbolic from its first call.
+    assert graphs_after_each_call(small_cnn(OtherFamily), (8, 28), (8, 32)) == [1, 1]
 
 
 def test_fused_backends_fuse_the_attention_of_pruned_heads(text_heads_subject, tmp_path):

@@ -7,7 +7,6 @@ counts as conversion and not as latency.
 
 from __future__ import annotations
 
-import itertools
 import shutil
 import types
 from collections.abc import Callable
@@ -26,10 +25,6 @@ INDUCTOR_KERNELS = (
     "runs code Inductor generates when the artifact is loaded: its kernels are no operator "
     "graph to dump"
 )
-
-
-# Numbers the functions `compiled_alone` compiles, one per model, in this process.
-_COMPILED = itertools.count()
 
 
 def compile_unavailable() -> str | None:
@@ -58,15 +53,19 @@ def compiled_alone(model: nn.Module, **settings: Any) -> Callable[..., torch.Ten
     model eagerly, with a warning and no error, so a long study's later compiled points would
     time eager code; before that, each call checks the earlier models' guards first. Compiling a
     function with a code object of its own per model keeps its entries with it, and they go when
-    it goes. Which sizes have changed Dynamo keeps apart, under the function's file, first line
-    and name: the function's name is the model's own too, or a size one model's calls changed
-    (an image's height, for a model served at another size) would compile symbolic for every
-    model the process loads after it."""
+    it goes. Which sizes have changed Dynamo keeps apart, for the whole process, under the
+    function's file, first line and name; the function is named for the model's class. The
+    models of one family (a study's) then share what changed: a text's length varies for every
+    model of a text study, and from the second model on it compiles symbolic at once, not after
+    a compile for the first length. Another family's sizes stay apart: an image's height and
+    width, constant for every model of an image study, do not compile symbolic because a text
+    model's inputs (or another family's images) had other sizes earlier in the process."""
 
     def call(*inputs: torch.Tensor) -> torch.Tensor:
         return model(*inputs)
 
-    code = call.__code__.replace(co_name=f"{call.__name__}_{next(_COMPILED)}")
+    family = type(model)
+    code = call.__code__.replace(co_name=f"call_{family.__module__}.{family.__qualname__}")
     own = types.FunctionType(code, call.__globals__, code.co_name, None, call.__closure__)
     compiled = torch.compile(own, **settings)
     batched = False
