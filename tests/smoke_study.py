@@ -35,8 +35,10 @@ def copy_of_study(source: Path, destination: Path) -> Path:
                         (old, new, old),
                     )
     # The files that name the source: each logged model's MLmodel, Hydra's saved config, the
-    # console's output. Model weights and graphs hold no path and are not text.
+    # console's output. Model weights and graphs hold no path, and are left as they are.
     for path in destination.rglob("*"):
-        if path.is_file() and path.name not in STORES and old.encode() in path.read_bytes():
-            path.write_text(path.read_text().replace(old, new))
+        if path.is_file() and path.name not in STORES:
+            held = path.read_bytes()
+            if old.encode() in held:
+                path.write_bytes(held.replace(old.encode(), new.encode()))
     return destination
